@@ -1,0 +1,388 @@
+/*
+ * cuvmm: GPU memory through the CUDA driver's virtual memory management API.
+ *
+ * Copyright (c) 2026 The cuvmm authors. SPDX-License-Identifier: MIT
+ *
+ * This header is the specification. Conventions that hold for every function unless its own comment says
+ * otherwise:
+ *   - A function that can fail returns int: CUVMM_OK (0) or a negative CUVMM_E* code. Outputs go through
+ *     pointer arguments, which are left untouched on failure, and a failed call leaves no partial state
+ *     behind (nothing it mapped stays mapped, nothing it created stays held).
+ *   - Destroy functions accept NULL.
+ *   - Every function is thread-safe. Objects may be used from several threads at once.
+ *   - Device addresses are void * (as with cudaMalloc). Streams are CUstream (a cudaStream_t converts);
+ *     NULL means "all work on the device" wherever a stream names the work to wait for.
+ *   - Sizes are bytes.
+ */
+#ifndef CUVMM_H
+#define CUVMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define CUVMM_API __attribute__((visibility("default")))
+#else
+#define CUVMM_API
+#endif
+
+/**
+ * @defgroup errors Errors and version
+ * @{
+ */
+
+/** X-macro list of error codes: name, value, message. The one list the enum and the strings come from. */
+#define CUVMM_ERRNO_MAP(X)                                                                                   \
+	X(OK, 0, "success")                                                                                  \
+	X(EINVAL, -1, "invalid argument")                                                                    \
+	X(ENOMEM, -2, "out of physical memory")                                                              \
+	X(ENOSPC, -3, "no room left in the reserved address range")                                          \
+	X(ENODRIVER, -4, "no CUDA driver could be loaded")                                                   \
+	X(ENODEV, -5, "no such device, or it lacks virtual memory management")                               \
+	X(ENOTSUP, -6, "not supported on this device, driver or backend")                                    \
+	X(EBUSY, -7, "object still has live allocations or pending work")                                    \
+	X(ESTATE, -8, "wrong state for this call")                                                           \
+	X(EDRIVER, -9, "driver call failed")
+
+/** Error codes. Every failing function returns one of these (negative). */
+enum cuvmm_error {
+#define CUVMM_ERR_ENUM_(name, value, msg) CUVMM_##name = value,
+	CUVMM_ERRNO_MAP(CUVMM_ERR_ENUM_)
+#undef CUVMM_ERR_ENUM_
+};
+
+/**
+ * Describe an error code.
+ * @param[in] err a CUVMM_* code (any int is accepted)
+ * @return a static message such as "invalid argument"; "unknown error" for a code not in the list; never NULL
+ */
+CUVMM_API const char *cuvmm_strerror(int err);
+
+/**
+ * Name an error code.
+ * @param[in] err a CUVMM_* code (any int is accepted)
+ * @return a static string such as "CUVMM_EINVAL"; "CUVMM_E?" for a code not in the list; never NULL
+ */
+CUVMM_API const char *cuvmm_err_name(int err);
+
+/**
+ * The CUresult of the calling thread's last failing driver call.
+ * @return the CUresult (an int), or 0 if no driver call failed on this thread yet
+ */
+CUVMM_API int cuvmm_last_driver_error(void);
+
+/**
+ * The library's version.
+ * @return a static string "MAJOR.MINOR.PATCH"
+ */
+CUVMM_API const char *cuvmm_version(void);
+
+/** @} */
+
+/**
+ * @defgroup log Logging
+ * Messages go to stderr, prefixed "cuvmm: ", at or above the level in $CUVMM_LOG (default warn), unless
+ * the application installs its own callback.
+ * @{
+ */
+
+/** Severity of a log message; a lower value is more severe. */
+enum cuvmm_log_level {
+	CUVMM_LOG_ERROR = 0, /**< the library could not do what it was asked */
+	CUVMM_LOG_WARN = 1,  /**< something is off but the call went on (e.g. a malformed environment variable) */
+	CUVMM_LOG_INFO = 2,  /**< rare events worth knowing: driver loaded, context created */
+	CUVMM_LOG_DEBUG = 3, /**< every driver call that fails or is slow, release decisions */
+};
+
+/**
+ * A log sink.
+ * @param[in] level severity of the message
+ * @param[in] msg the message, without a trailing newline; valid only during the call
+ * @param[in] user the pointer given to cuvmm_set_log_callback()
+ */
+typedef void (*cuvmm_log_fn)(enum cuvmm_log_level level, const char *msg, void *user);
+
+/**
+ * Route the library's messages to the application's logger. Process-wide.
+ * @param[in] fn the sink; NULL restores the default (stderr)
+ * @param[in] user passed to @p fn unchanged
+ * @param[in] level messages less severe than this are dropped before @p fn is called
+ */
+CUVMM_API void cuvmm_set_log_callback(cuvmm_log_fn fn, void *user, enum cuvmm_log_level level);
+
+/** @} */
+
+/**
+ * @defgroup ctx Context
+ * A context owns the driver connection (or the host backend), the physical memory of each device it
+ * touches, and the background thread that gives idle memory back.
+ * @{
+ */
+
+/** Which implementation of the driver calls a context uses. */
+enum cuvmm_backend {
+	CUVMM_BACKEND_AUTO = 0, /**< $CUVMM_BACKEND if set, else CUDA; never falls back to the host silently */
+	CUVMM_BACKEND_CUDA = 1, /**< the CUDA driver, loaded at run time */
+	CUVMM_BACKEND_HOST = 2, /**< host memory with the same semantics, for tests and machines without a GPU */
+};
+
+/** Context configuration. Initialise with cuvmm_config_init(), then change fields. */
+struct cuvmm_config {
+	size_t size;                 /**< sizeof(struct cuvmm_config), set by cuvmm_config_init() */
+	enum cuvmm_backend backend;  /**< AUTO: $CUVMM_BACKEND if set, else CUDA */
+	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never, 0 at once; default 1000 */
+	size_t retain_bytes;         /**< free physical memory kept per device anyway; default 0 */
+	bool background_release;     /**< a thread gives memory back while the application is idle; default true */
+	size_t device_limit_bytes;   /**< cap on physical memory held per device by this context; 0 = none */
+	size_t host_granularity;     /**< host backend chunk size, a power of two >= the page size; default 2 MiB */
+};
+
+/**
+ * Fill @p cfg with the defaults, then apply the CUVMM_* environment variables (CUVMM_BACKEND,
+ * CUVMM_RELEASE_DELAY_MS, CUVMM_RETAIN_BYTES, CUVMM_DEVICE_LIMIT, CUVMM_BACKGROUND_RELEASE,
+ * CUVMM_HOST_GRANULARITY). A malformed value is logged as a warning and ignored.
+ * @param[out] cfg the configuration to fill; NULL is ignored
+ */
+CUVMM_API void cuvmm_config_init(struct cuvmm_config *cfg);
+
+/** Opaque context. */
+struct cuvmm_ctx;
+
+/**
+ * Create a context.
+ * @param[in] cfg configuration; NULL: cuvmm_config_init() defaults. Its size field must be set.
+ * @param[out] out the new context
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL @p out or a bad field; CUVMM_ENODRIVER when the CUDA backend
+ *         is asked for and no libcuda.so.1 can be loaded; CUVMM_ENODEV when the driver sees no device;
+ *         CUVMM_ENOMEM when the host is out of memory; CUVMM_EDRIVER on another driver failure
+ */
+CUVMM_API int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out);
+
+/**
+ * Destroy a context: stops the background thread, waits for pending unmaps, gives every chunk back.
+ * Objects still created on it (regions, pools, kv) are destroyed first, with a warning each.
+ * Not thread-safe with respect to other calls on the same context or its objects.
+ * @param[in] ctx the context; NULL is a no-op
+ */
+CUVMM_API void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx);
+
+/**
+ * The backend a context runs on, AUTO resolved.
+ * @param[in] ctx the context
+ * @return CUVMM_BACKEND_CUDA or CUVMM_BACKEND_HOST; CUVMM_BACKEND_AUTO for a NULL @p ctx
+ */
+CUVMM_API enum cuvmm_backend cuvmm_ctx_backend(const struct cuvmm_ctx *ctx);
+
+/**
+ * Number of devices the context's backend sees (the host backend has one).
+ * @param[in] ctx the context
+ * @param[out] count the number of devices
+ * @return CUVMM_OK, or CUVMM_EINVAL for a NULL argument
+ */
+CUVMM_API int cuvmm_ctx_device_count(const struct cuvmm_ctx *ctx, int *count);
+
+/**
+ * Give free physical memory back to the driver now, without waiting for the idle delay: every
+ * pool's and kv object's free mapped memory is unmapped and every cached chunk released, beyond
+ * @p keep_bytes per device. Waits for the GPU work that fences pending unmaps (never while holding a lock
+ * an allocating thread needs).
+ * @param[in] ctx the context
+ * @param[in] device a device index, or -1 for all devices
+ * @param[in] keep_bytes free physical memory to keep per device
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL @p ctx or a device out of range; CUVMM_EDRIVER if a release
+ *         failed (what could be released was)
+ */
+CUVMM_API int cuvmm_ctx_trim(struct cuvmm_ctx *ctx, int device, size_t keep_bytes);
+
+/** @} */
+
+/**
+ * @defgroup stats Statistics
+ * @{
+ */
+
+/** Counters. Set size to sizeof(struct cuvmm_stats) before passing it in, so the struct can grow. */
+struct cuvmm_stats {
+	size_t size;                 /**< sizeof(struct cuvmm_stats), set by the caller */
+	uint64_t reserved_bytes;     /**< virtual address space reserved */
+	uint64_t held_bytes;         /**< physical memory obtained from the driver */
+	uint64_t mapped_bytes;       /**< of which mapped into reserved ranges */
+	uint64_t live_bytes;         /**< handed to callers and not yet freed */
+	uint64_t peak_held_bytes;    /**< highest held_bytes seen */
+	uint64_t peak_live_bytes;    /**< highest live_bytes seen */
+	uint64_t create_calls;       /**< cuMemCreate calls so far */
+	uint64_t release_calls;      /**< cuMemRelease calls so far */
+	uint64_t map_calls;          /**< cuMemMap calls so far */
+	uint64_t unmap_calls;        /**< cuMemUnmap calls so far */
+	uint64_t driver_ns;          /**< time spent in those calls and in cuMemSetAccess */
+};
+
+/**
+ * Statistics of one device of a context. held_bytes counts every chunk the context holds on the device,
+ * mapped or cached for reuse; live_bytes sums the live bytes of every object on the device.
+ * @param[in] ctx the context
+ * @param[in] device a device index
+ * @param[in,out] out statistics; out->size must be set
+ * @return CUVMM_OK, or CUVMM_EINVAL for a NULL argument, a bad size or a device out of range
+ */
+CUVMM_API int cuvmm_ctx_stats(struct cuvmm_ctx *ctx, int device, struct cuvmm_stats *out);
+
+/** @} */
+
+/**
+ * @defgroup region Regions: reserved address ranges mapped on demand
+ * A region reserves max_bytes of address space on one device once; map, unmap and resize then back
+ * parts of it with physical memory in chunks of the region's granularity, always at the same addresses.
+ * @{
+ */
+
+/** Opaque region. */
+struct cuvmm_region;
+
+/**
+ * Reserve a region.
+ * @param[in] ctx the context
+ * @param[in] device the device whose memory backs the region
+ * @param[in] max_bytes address space to reserve; rounded up to the granularity
+ * @param[out] out the new region
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or a zero or overflowing size; CUVMM_ENODEV for a
+ *         device out of range or without VMM support; CUVMM_ENOSPC when the address space cannot be
+ *         reserved; CUVMM_EDRIVER on another driver failure
+ */
+CUVMM_API int cuvmm_region_create(struct cuvmm_ctx *ctx, int device, size_t max_bytes, struct cuvmm_region **out);
+
+/**
+ * Destroy a region: waits for pending unmaps, gives its chunks back to the device's cache, frees the
+ * address space. The caller guarantees no GPU work still touches the region except the work that fences
+ * its pending unmaps.
+ * @param[in] r the region; NULL is a no-op
+ */
+CUVMM_API void cuvmm_region_destroy(struct cuvmm_region *r);
+
+/**
+ * @param[in] r the region
+ * @return the first address of the region (a device pointer); NULL for a NULL @p r
+ */
+CUVMM_API void *cuvmm_region_base(const struct cuvmm_region *r);
+
+/**
+ * @param[in] r the region
+ * @return the reserved size, max_bytes rounded up to the granularity; 0 for a NULL @p r
+ */
+CUVMM_API size_t cuvmm_region_size(const struct cuvmm_region *r);
+
+/**
+ * @param[in] r the region
+ * @return the unit of mapping, 2 MiB on current GPUs; 0 for a NULL @p r
+ */
+CUVMM_API size_t cuvmm_region_granularity(const struct cuvmm_region *r);
+
+/**
+ * Back [offset, offset+len) with physical memory, readable and writable from the device. Parts already
+ * mapped are left as they are, with their contents; a part whose unmap is still pending is kept mapped.
+ * All or nothing: on failure nothing that was not mapped before is mapped.
+ * @param[in] r the region
+ * @param[in] offset a multiple of the granularity
+ * @param[in] len a non-zero multiple of the granularity, offset+len <= the region's size
+ * @return CUVMM_OK; CUVMM_EINVAL for bad arguments; CUVMM_ENOMEM when the device or device_limit_bytes
+ *         is full; CUVMM_ESTATE when the region sleeps; CUVMM_EDRIVER on another driver failure
+ */
+CUVMM_API int cuvmm_region_map(struct cuvmm_region *r, size_t offset, size_t len);
+
+/**
+ * Stop backing [offset, offset+len) once the work queued on @p stream before this call has completed.
+ * Does not wait for that work: the unmap is deferred behind an event and done by a later call or by
+ * the background thread. Parts not mapped are ignored.
+ * @param[in] r the region
+ * @param[in] offset a multiple of the granularity
+ * @param[in] len a non-zero multiple of the granularity, offset+len <= the region's size
+ * @param[in] stream the work that may still touch the range; NULL: all work on the device (this
+ *            synchronizes the device, as cudaFree does)
+ * @return CUVMM_OK; CUVMM_EINVAL for bad arguments; CUVMM_ESTATE when the region sleeps; CUVMM_EDRIVER if
+ *         the fence could not be recorded (then nothing changed)
+ */
+CUVMM_API int cuvmm_region_unmap(struct cuvmm_region *r, size_t offset, size_t len, CUstream stream);
+
+/**
+ * Make the mapped part exactly the prefix [0, round_up(bytes)): grow or shrink in place, keeping the
+ * contents of the part that stays. Shrinking is fenced on @p stream as cuvmm_region_unmap().
+ * @param[in] r the region
+ * @param[in] bytes the new size, any byte count <= the region's size; 0 unmaps everything
+ * @param[in] stream as for cuvmm_region_unmap()
+ * @return as cuvmm_region_map() and cuvmm_region_unmap(); on failure the mapping is as before
+ */
+CUVMM_API int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream);
+
+/**
+ * Statistics of one region; live_bytes is what was mapped on request and not unmapped since.
+ * @param[in] r the region
+ * @param[in,out] out statistics; out->size must be set
+ * @return CUVMM_OK, or CUVMM_EINVAL for a NULL argument or a bad size
+ */
+CUVMM_API int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out);
+
+/** @} */
+
+/**
+ * @defgroup fault Fault injection
+ * Make chosen driver calls fail, to test error paths (the library's own and the application's). Works on
+ * both backends: a failing call is not passed to the driver at all.
+ * @{
+ */
+
+/** The driver calls that can be made to fail. */
+enum cuvmm_call {
+	CUVMM_CALL_RESERVE = 0,    /**< cuMemAddressReserve */
+	CUVMM_CALL_UNRESERVE,      /**< cuMemAddressFree */
+	CUVMM_CALL_CREATE,         /**< cuMemCreate */
+	CUVMM_CALL_RELEASE,        /**< cuMemRelease */
+	CUVMM_CALL_MAP,            /**< cuMemMap */
+	CUVMM_CALL_UNMAP,          /**< cuMemUnmap */
+	CUVMM_CALL_SET_ACCESS,     /**< cuMemSetAccess */
+	CUVMM_CALL_EVENT_CREATE,   /**< cuEventCreate */
+	CUVMM_CALL_EVENT_RECORD,   /**< cuEventRecord */
+	CUVMM_CALL_EVENT_QUERY,    /**< cuEventQuery */
+	CUVMM_CALL_EVENT_SYNC,     /**< cuEventSynchronize */
+	CUVMM_CALL_DEVICE_SYNC,    /**< cuCtxSynchronize */
+	CUVMM_CALL_STREAM_WAIT,    /**< cuStreamWaitEvent */
+	CUVMM_CALL_HOST_ALLOC,     /**< cuMemHostAlloc (pinned staging memory) */
+	CUVMM_CALL_COPY,           /**< cuMemcpyDtoHAsync / cuMemcpyHtoDAsync */
+	CUVMM_CALL_COUNT_          /**< number of calls; not a call */
+};
+
+/**
+ * Make calls of one kind fail: the next @p skip calls of @p call on this context succeed, then @p count
+ * calls fail with @p err, then calls succeed again. Replaces an earlier setting for the same call.
+ * @param[in] ctx the context
+ * @param[in] call which driver call
+ * @param[in] skip calls to let through first
+ * @param[in] count calls to fail; 0 cancels; UINT32_MAX fails every call from then on
+ * @param[in] err CUVMM_ENOMEM or CUVMM_EDRIVER (the CUresult reported is CUDA_ERROR_OUT_OF_MEMORY or
+ *            CUDA_ERROR_UNKNOWN)
+ * @return CUVMM_OK, or CUVMM_EINVAL for a NULL @p ctx, an unknown @p call or another @p err
+ */
+CUVMM_API int cuvmm_ctx_inject_fault(struct cuvmm_ctx *ctx, enum cuvmm_call call, uint64_t skip, uint32_t count,
+				      int err);
+
+/**
+ * Count the calls of one kind made so far on this context (failed ones included).
+ * @param[in] ctx the context
+ * @param[in] call which driver call
+ * @return the count; 0 for a NULL @p ctx or an unknown @p call
+ */
+CUVMM_API uint64_t cuvmm_ctx_call_count(const struct cuvmm_ctx *ctx, enum cuvmm_call call);
+
+/** @} */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUVMM_H */

@@ -1,0 +1,361 @@
+/*
+ * Context: creation, devices, statistics, trim, and the background thread that gives idle memory back.
+ *
+ * The background thread sleeps until the earliest deadline any client or device reported (jemalloc-style:
+ * it wakes only when something is due), runs a reclaim pass in which every client trylocks, and sleeps
+ * again. Without it, library entry points run the pass themselves once a deadline has passed.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "ctx.h"
+#include "log.h"
+
+static void *bg_main(void *arg);
+
+static int resolve_backend(struct cuvmm_config *cfg)
+{
+	if (cfg->backend == CUVMM_BACKEND_AUTO) {
+		const char *s = getenv("CUVMM_BACKEND");
+
+		cfg->backend = s && strcmp(s, "host") == 0 ? CUVMM_BACKEND_HOST : CUVMM_BACKEND_CUDA;
+	}
+	return CUVMM_OK;
+}
+
+int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_config defaults;
+	int err;
+
+	if (!out)
+		return CUVMM_EINVAL;
+	if (!cfg) {
+		cuvmm_config_init(&defaults);
+		cfg = &defaults;
+	}
+	err = cvm_config_check(cfg);
+	if (err)
+		return err;
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return CUVMM_ENOMEM;
+	ctx->cfg = *cfg;
+	ctx->cfg.size = sizeof(ctx->cfg);
+	if (!ctx->cfg.host_granularity)
+		ctx->cfg.host_granularity = CVM_DEFAULT_HOST_GRANULARITY;
+	resolve_backend(&ctx->cfg);
+	ctx->delay_ns = ctx->cfg.release_delay_ms < 0 ? UINT64_MAX : (uint64_t)ctx->cfg.release_delay_ms * 1000000u;
+	ctx->clients.next = ctx->clients.prev = &ctx->clients;
+	atomic_init(&ctx->next_deadline, UINT64_MAX);
+
+	if (pthread_mutex_init(&ctx->dev_lock, NULL)) {
+		free(ctx);
+		return CUVMM_ENOMEM;
+	}
+	if (pthread_mutex_init(&ctx->clients_lock, NULL)) {
+		err = CUVMM_ENOMEM;
+		goto fail_dev_lock;
+	}
+	if (pthread_mutex_init(&ctx->bg_lock, NULL)) {
+		err = CUVMM_ENOMEM;
+		goto fail_clients_lock;
+	}
+	if (pthread_cond_init(&ctx->bg_cond, NULL)) {
+		err = CUVMM_ENOMEM;
+		goto fail_bg_lock;
+	}
+	err = cvm_drv_open(&ctx->drv, &ctx->cfg);
+	if (err)
+		goto fail_cond;
+	err = cvm_drv_device_count(&ctx->drv, &ctx->ndev);
+	if (err)
+		goto fail_drv;
+	if (ctx->ndev <= 0) {
+		err = CUVMM_ENODEV;
+		goto fail_drv;
+	}
+	if (ctx->ndev > CVM_MAX_DEVICES)
+		ctx->ndev = CVM_MAX_DEVICES;
+	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
+		ctx->dev[i].ctx = ctx;
+		ctx->dev[i].index = i;
+	}
+	if (ctx->cfg.background_release && ctx->delay_ns != UINT64_MAX && ctx->delay_ns != 0) {
+		if (pthread_create(&ctx->bg, NULL, bg_main, ctx)) {
+			err = CUVMM_ENOMEM;
+			goto fail_drv;
+		}
+		ctx->bg_running = true;
+	}
+	cvm_info("context created on the %s backend, %d device(s), release delay %lld ms", ctx->drv.be->name,
+		 ctx->ndev, (long long)ctx->cfg.release_delay_ms);
+	*out = ctx;
+	return CUVMM_OK;
+
+fail_drv:
+	cvm_drv_close(&ctx->drv);
+fail_cond:
+	pthread_cond_destroy(&ctx->bg_cond);
+fail_bg_lock:
+	pthread_mutex_destroy(&ctx->bg_lock);
+fail_clients_lock:
+	pthread_mutex_destroy(&ctx->clients_lock);
+fail_dev_lock:
+	pthread_mutex_destroy(&ctx->dev_lock);
+	free(ctx);
+	return err;
+}
+
+void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	if (ctx->bg_running) {
+		pthread_mutex_lock(&ctx->bg_lock);
+		ctx->bg_stop = true;
+		pthread_cond_signal(&ctx->bg_cond);
+		pthread_mutex_unlock(&ctx->bg_lock);
+		pthread_join(ctx->bg, NULL);
+	}
+	/* Objects the application did not destroy: destroy them, newest first, so nothing leaks. */
+	for (;;) {
+		struct cvm_client *c;
+
+		pthread_mutex_lock(&ctx->clients_lock);
+		c = ctx->clients.next != &ctx->clients ? ctx->clients.next : NULL;
+		pthread_mutex_unlock(&ctx->clients_lock);
+		if (!c)
+			break;
+		cvm_warn("context destroyed with a %s still alive on device %d; destroying it", c->ops->kind,
+			 c->dev->index);
+		c->destroy(c);
+	}
+	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
+		if (atomic_load(&ctx->dev[i].opened)) {
+			cvm_phys_fini(&ctx->dev[i].phys);
+			cvm_drv_device_close(&ctx->drv, i);
+		}
+	}
+	cvm_drv_close(&ctx->drv);
+	pthread_cond_destroy(&ctx->bg_cond);
+	pthread_mutex_destroy(&ctx->bg_lock);
+	pthread_mutex_destroy(&ctx->clients_lock);
+	pthread_mutex_destroy(&ctx->dev_lock);
+	free(ctx);
+}
+
+enum cuvmm_backend cuvmm_ctx_backend(const struct cuvmm_ctx *ctx)
+{
+	return ctx ? ctx->cfg.backend : CUVMM_BACKEND_AUTO;
+}
+
+int cuvmm_ctx_device_count(const struct cuvmm_ctx *ctx, int *count)
+{
+	if (!ctx || !count)
+		return CUVMM_EINVAL;
+	*count = ctx->ndev;
+	return CUVMM_OK;
+}
+
+int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out)
+{
+	struct cvm_dev *dev;
+	int err = CUVMM_OK;
+
+	if (device < 0 || device >= ctx->ndev)
+		return CUVMM_ENODEV;
+	dev = &ctx->dev[device];
+	if (atomic_load_explicit(&dev->opened, memory_order_acquire)) {
+		*out = dev;
+		return CUVMM_OK;
+	}
+	pthread_mutex_lock(&ctx->dev_lock);
+	if (!atomic_load(&dev->opened)) {
+		err = cvm_drv_device_open(&ctx->drv, device, &dev->info);
+		if (err == CUVMM_ENOTSUP) {
+			cvm_err("device %d does not support virtual memory management", device);
+			err = CUVMM_ENODEV;
+		}
+		if (!err && (!dev->info.granularity || (dev->info.granularity & (dev->info.granularity - 1)))) {
+			cvm_err("device %d reports a granularity of %zu bytes", device, dev->info.granularity);
+			cvm_drv_device_close(&ctx->drv, device);
+			err = CUVMM_ENOTSUP;
+		}
+		if (!err) {
+			err = cvm_phys_init(&dev->phys, dev);
+			if (err)
+				cvm_drv_device_close(&ctx->drv, device);
+		}
+		if (!err) {
+			cvm_info("device %d (%s): granularity %zu KiB, %zu MiB", device, dev->info.name,
+				 dev->info.granularity >> 10, dev->info.total_bytes >> 20);
+			atomic_store_explicit(&dev->opened, true, memory_order_release);
+		}
+	}
+	pthread_mutex_unlock(&ctx->dev_lock);
+	if (!err)
+		*out = dev;
+	return err;
+}
+
+void cvm_ctx_add_client(struct cuvmm_ctx *ctx, struct cvm_client *c)
+{
+	pthread_mutex_lock(&ctx->clients_lock);
+	c->next = ctx->clients.next;
+	c->prev = &ctx->clients;
+	ctx->clients.next->prev = c;
+	ctx->clients.next = c;
+	pthread_mutex_unlock(&ctx->clients_lock);
+}
+
+void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c)
+{
+	/* Taking the lock also waits out a reclaim pass that may be inside this client. */
+	pthread_mutex_lock(&ctx->clients_lock);
+	c->prev->next = c->next;
+	c->next->prev = c->prev;
+	c->next = c->prev = NULL;
+	pthread_mutex_unlock(&ctx->clients_lock);
+}
+
+void cvm_ctx_kick(struct cuvmm_ctx *ctx, uint64_t deadline)
+{
+	uint64_t cur = atomic_load_explicit(&ctx->next_deadline, memory_order_relaxed);
+
+	/* Lower the deadline; only a thread that actually lowers it needs to wake the sleeper. */
+	while (deadline < cur) {
+		if (atomic_compare_exchange_weak(&ctx->next_deadline, &cur, deadline)) {
+			if (ctx->bg_running) {
+				pthread_mutex_lock(&ctx->bg_lock);
+				pthread_cond_signal(&ctx->bg_cond);
+				pthread_mutex_unlock(&ctx->bg_lock);
+			}
+			return;
+		}
+	}
+}
+
+uint64_t cvm_ctx_reclaim(struct cuvmm_ctx *ctx, uint64_t now, bool force, int device, size_t keep)
+{
+	uint64_t next = UINT64_MAX, t;
+
+	pthread_mutex_lock(&ctx->clients_lock);
+	for (struct cvm_client *c = ctx->clients.next; c != &ctx->clients; c = c->next) {
+		if (device >= 0 && c->dev->index != device)
+			continue;
+		t = c->ops->reclaim(c, now, force);
+		if (t < next)
+			next = t;
+	}
+	pthread_mutex_unlock(&ctx->clients_lock);
+	for (int i = 0; i < ctx->ndev; i++) {
+		if ((device >= 0 && i != device) || !atomic_load(&ctx->dev[i].opened))
+			continue;
+		t = cvm_phys_reclaim(&ctx->dev[i].phys, now, force, keep);
+		if (t < next)
+			next = t;
+	}
+	return next;
+}
+
+/* Run a pass and publish its deadline. The deadline is taken first (set to "nothing due"), so a kick that
+ * races with the pass lowers it again and is not lost. */
+static uint64_t reclaim_pass(struct cuvmm_ctx *ctx)
+{
+	uint64_t next;
+
+	atomic_store(&ctx->next_deadline, UINT64_MAX);
+	next = cvm_ctx_reclaim(ctx, cvm_now_ns(), false, -1, 0);
+	cvm_ctx_kick(ctx, next);
+	return atomic_load(&ctx->next_deadline);
+}
+
+void cvm_ctx_poll(struct cuvmm_ctx *ctx)
+{
+	if (ctx->bg_running)
+		return;
+	if (atomic_load_explicit(&ctx->next_deadline, memory_order_relaxed) <= cvm_now_ns())
+		reclaim_pass(ctx);
+}
+
+static void *bg_main(void *arg)
+{
+	struct cuvmm_ctx *ctx = arg;
+
+	pthread_mutex_lock(&ctx->bg_lock);
+	while (!ctx->bg_stop) {
+		uint64_t deadline = atomic_load(&ctx->next_deadline), now = cvm_now_ns();
+
+		if (deadline <= now) {
+			pthread_mutex_unlock(&ctx->bg_lock);
+			reclaim_pass(ctx);
+			pthread_mutex_lock(&ctx->bg_lock);
+			continue;
+		}
+		if (deadline == UINT64_MAX) {
+			pthread_cond_wait(&ctx->bg_cond, &ctx->bg_lock);
+		} else {
+			struct timespec ts;
+			uint64_t wait = deadline - now;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += (time_t)(wait / 1000000000u);
+			ts.tv_nsec += (long)(wait % 1000000000u);
+			if (ts.tv_nsec >= 1000000000L) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&ctx->bg_cond, &ctx->bg_lock, &ts);
+		}
+	}
+	pthread_mutex_unlock(&ctx->bg_lock);
+	return NULL;
+}
+
+int cuvmm_ctx_trim(struct cuvmm_ctx *ctx, int device, size_t keep_bytes)
+{
+	if (!ctx || device < -1 || device >= ctx->ndev)
+		return CUVMM_EINVAL;
+	cvm_ctx_reclaim(ctx, cvm_now_ns(), true, device, keep_bytes);
+	return CUVMM_OK;
+}
+
+int cuvmm_ctx_stats(struct cuvmm_ctx *ctx, int device, struct cuvmm_stats *out)
+{
+	struct cvm_dev *dev;
+	int err;
+
+	if (!ctx || cvm_stats_check(out))
+		return CUVMM_EINVAL;
+	err = cvm_ctx_dev(ctx, device, &dev);
+	if (err)
+		return err == CUVMM_ENODEV ? CUVMM_EINVAL : err;
+	cvm_acct_fill(&dev->acct, &dev->cnt, out);
+	return CUVMM_OK;
+}
+
+int cuvmm_ctx_inject_fault(struct cuvmm_ctx *ctx, enum cuvmm_call call, uint64_t skip, uint32_t count, int err)
+{
+	struct cvm_fault *f;
+
+	if (!ctx || (int)call < 0 || call >= CUVMM_CALL_COUNT_ || (err != CUVMM_ENOMEM && err != CUVMM_EDRIVER))
+		return CUVMM_EINVAL;
+	f = &ctx->drv.fault[call];
+	atomic_store(&f->count, 0);
+	f->err = err;
+	atomic_store(&f->skip, skip);
+	atomic_store(&f->count, count);
+	return CUVMM_OK;
+}
+
+uint64_t cuvmm_ctx_call_count(const struct cuvmm_ctx *ctx, enum cuvmm_call call)
+{
+	if (!ctx || (int)call < 0 || call >= CUVMM_CALL_COUNT_)
+		return 0;
+	return atomic_load(&((struct cuvmm_ctx *)ctx)->drv.calls[call]);
+}

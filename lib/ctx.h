@@ -1,0 +1,87 @@
+/*
+ * The context: the driver connection, the devices opened so far, the objects that hold memory (clients),
+ * and the background thread that gives idle memory back.
+ */
+#ifndef CVM_CTX_H
+#define CVM_CTX_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "drv.h"
+#include "phys.h"
+
+#define CVM_MAX_DEVICES 64
+
+struct cvm_dev {
+	struct cuvmm_ctx *ctx;
+	int index;
+	_Atomic bool opened;
+	struct cvm_devinfo info;
+	struct cvm_drv_counters cnt; /* every driver call made for this device */
+	struct cvm_acct acct;        /* every byte on this device */
+	struct cvm_phys phys;
+};
+
+/*
+ * An object that can give memory back (region, pool, kv). reclaim() unmaps what has been free long enough
+ * (or everything free, with force) and returns when it next has something to do (ns, UINT64_MAX: nothing).
+ * Without force it must not block: it trylocks its own lock and returns `now + a little` when busy.
+ */
+struct cvm_client;
+struct cvm_client_ops {
+	uint64_t (*reclaim)(struct cvm_client *c, uint64_t now, bool force);
+	const char *kind;
+};
+struct cvm_client {
+	const struct cvm_client_ops *ops;
+	struct cvm_dev *dev;
+	struct cvm_client *next, *prev;
+	void (*destroy)(struct cvm_client *c); /* for ctx_destroy of objects the application forgot */
+};
+
+struct cuvmm_ctx {
+	struct cuvmm_config cfg;
+	struct cvm_drv drv;
+	int ndev;
+	uint64_t delay_ns;        /* release_delay_ms in ns; UINT64_MAX for never */
+
+	pthread_mutex_t dev_lock; /* opening devices */
+	struct cvm_dev dev[CVM_MAX_DEVICES];
+
+	pthread_mutex_t clients_lock; /* the client list; held by reclaim passes, never by allocations */
+	struct cvm_client clients;
+
+	/* Background release. next_deadline is read lock-free on hot paths to decide whether to wake it. */
+	pthread_t bg;
+	bool bg_running;
+	pthread_mutex_t bg_lock;
+	pthread_cond_t bg_cond;
+	bool bg_stop;
+	_Atomic uint64_t next_deadline;
+};
+
+/* The device, opened on first use. CUVMM_ENODEV if out of range or without VMM support. */
+int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out);
+
+void cvm_ctx_add_client(struct cuvmm_ctx *ctx, struct cvm_client *c);
+void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c);
+
+/*
+ * Tell the context that something will be due at `deadline` (ns). Wakes the background thread if that is
+ * earlier than what it waits for; without a background thread, the next cvm_ctx_poll after the deadline
+ * does the work. Cheap when nothing changes: one atomic load.
+ */
+void cvm_ctx_kick(struct cuvmm_ctx *ctx, uint64_t deadline);
+/* Called on library entry points: runs a reclaim pass if one is due and there is no background thread. */
+void cvm_ctx_poll(struct cuvmm_ctx *ctx);
+/* One reclaim pass over every client and device; returns the next deadline. */
+uint64_t cvm_ctx_reclaim(struct cuvmm_ctx *ctx, uint64_t now, bool force, int device, size_t keep);
+
+#define CVM_DRV(dev) (&(dev)->ctx->drv)
+
+/* Poll interval for fences still pending: how soon to look again at GPU work that has not completed. */
+#define CVM_FENCE_POLL_NS 2000000ull
+
+#endif /* CVM_CTX_H */

@@ -1,0 +1,268 @@
+/*
+ * Driver wrappers: fault injection, call counting and timing, error translation. Every driver call the
+ * library makes passes through here, so every call site can be made to fail in a test.
+ */
+#include <time.h>
+
+#include "drv.h"
+#include "log.h"
+
+static _Thread_local int last_cu;
+
+uint64_t cvm_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int cuvmm_last_driver_error(void)
+{
+	return last_cu;
+}
+
+void cvm_drv_set_last(int cu)
+{
+	last_cu = cu;
+}
+
+int cvm_drv_err(int cu)
+{
+	if (cu == 0)
+		return CUVMM_OK;
+	last_cu = cu;
+	switch (cu) {
+	case CUDA_ERROR_OUT_OF_MEMORY:
+		return CUVMM_ENOMEM;
+	case CUDA_ERROR_NOT_SUPPORTED:
+		return CUVMM_ENOTSUP;
+	case CUDA_ERROR_NO_DEVICE:
+	case CUDA_ERROR_INVALID_DEVICE:
+		return CUVMM_ENODEV;
+	case CUDA_ERROR_INVALID_VALUE:
+		return CUVMM_EINVAL;
+	default:
+		return CUVMM_EDRIVER;
+	}
+}
+
+/* Decide whether this call is to fail. Lock-free: calls of one kind racing for the last skip or the last
+ * failure each take one unit with a compare-and-swap, so exactly `count` calls fail. */
+static int injected(struct cvm_drv *d, enum cuvmm_call call)
+{
+	struct cvm_fault *f = &d->fault[call];
+	uint64_t skip;
+	uint32_t count;
+
+	atomic_fetch_add_explicit(&d->calls[call], 1, memory_order_relaxed);
+	if (atomic_load_explicit(&f->count, memory_order_acquire) == 0)
+		return 0;
+	skip = atomic_load(&f->skip);
+	while (skip > 0) {
+		if (atomic_compare_exchange_weak(&f->skip, &skip, skip - 1))
+			return 0;
+	}
+	count = atomic_load(&f->count);
+	while (count > 0) {
+		if (count == UINT32_MAX || atomic_compare_exchange_weak(&f->count, &count, count - 1)) {
+			int cu = f->err == CUVMM_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
+
+			cvm_debug("injected failure of driver call %d (CUresult %d)", (int)call, cu);
+			return cu;
+		}
+	}
+	return 0;
+}
+
+
+int cvm_drv_open(struct cvm_drv *d, const struct cuvmm_config *cfg)
+{
+	for (int i = 0; i < CUVMM_CALL_COUNT_; i++) {
+		atomic_init(&d->fault[i].skip, 0);
+		atomic_init(&d->fault[i].count, 0);
+		d->fault[i].err = 0;
+		atomic_init(&d->calls[i], 0);
+	}
+	d->be = cfg->backend == CUVMM_BACKEND_HOST ? &cvm_backend_host : &cvm_backend_cuda;
+	d->state = NULL;
+	return d->be->open(cfg, &d->state);
+}
+
+void cvm_drv_close(struct cvm_drv *d)
+{
+	if (d->be && d->state)
+		d->be->close(d->state);
+	d->state = NULL;
+}
+
+int cvm_drv_device_count(struct cvm_drv *d, int *count)
+{
+	return cvm_drv_err(d->be->device_count(d->state, count));
+}
+
+int cvm_drv_device_open(struct cvm_drv *d, int dev, struct cvm_devinfo *info)
+{
+	return cvm_drv_err(d->be->device_open(d->state, dev, info));
+}
+
+void cvm_drv_device_close(struct cvm_drv *d, int dev)
+{
+	d->be->device_close(d->state, dev);
+}
+
+/* Counted, timed call: feeds the object's counters and their parent's (the device's). */
+#define TIMED(cnt, field, expr)                                                                              \
+	({                                                                                                   \
+		uint64_t t0_ = cvm_now_ns();                                                                 \
+		int cu_ = (expr);                                                                            \
+		uint64_t dt_ = cvm_now_ns() - t0_;                                                           \
+		for (struct cvm_drv_counters *c_ = (cnt); c_; c_ = c_->parent) {                             \
+			atomic_fetch_add_explicit(&c_->driver_ns, dt_, memory_order_relaxed);                \
+			if (field)                                                                           \
+				atomic_fetch_add_explicit(field, 1, memory_order_relaxed);                   \
+		}                                                                                            \
+		cu_;                                                                                         \
+	})
+
+/* `field` in TIMED is evaluated with c_ in scope, naming which counter of each level to bump. */
+#define CALL(d, cnt, call, field, expr)                                                                      \
+	({                                                                                                   \
+		int inj_ = injected((d), (call));                                                            \
+		inj_ ? cvm_drv_err(inj_) : cvm_drv_err(TIMED(cnt, field, expr));                            \
+	})
+
+int cvm_drv_reserve(struct cvm_drv *d, int dev, size_t size, uintptr_t *va)
+{
+	int inj = injected(d, CUVMM_CALL_RESERVE);
+
+	return cvm_drv_err(inj ? inj : d->be->reserve(d->state, dev, size, va));
+}
+
+int cvm_drv_unreserve(struct cvm_drv *d, int dev, uintptr_t va, size_t size)
+{
+	int inj = injected(d, CUVMM_CALL_UNRESERVE);
+
+	return cvm_drv_err(inj ? inj : d->be->unreserve(d->state, dev, va, size));
+}
+
+int cvm_drv_create(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, size_t size, cvm_handle *h)
+{
+	return CALL(d, cnt, CUVMM_CALL_CREATE, &c_->create_calls, d->be->create(d->state, dev, size, h));
+}
+
+int cvm_drv_release(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, cvm_handle h)
+{
+	return CALL(d, cnt, CUVMM_CALL_RELEASE, &c_->release_calls, d->be->release(d->state, dev, h));
+}
+
+int cvm_drv_map(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size, cvm_handle h)
+{
+	return CALL(d, cnt, CUVMM_CALL_MAP, &c_->map_calls, d->be->map(d->state, dev, va, size, h));
+}
+
+int cvm_drv_unmap(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size)
+{
+	return CALL(d, cnt, CUVMM_CALL_UNMAP, &c_->unmap_calls, d->be->unmap(d->state, dev, va, size));
+}
+
+int cvm_drv_set_access(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size)
+{
+	return CALL(d, cnt, CUVMM_CALL_SET_ACCESS, (_Atomic uint64_t *)NULL,
+		    d->be->set_access(d->state, dev, va, size));
+}
+
+int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes)
+{
+	return cvm_drv_err(d->be->mem_info(d->state, dev, free_bytes, total_bytes));
+}
+
+#define PLAIN(d, call, expr)                                                                                 \
+	({                                                                                                   \
+		int inj_ = injected((d), (call));                                                            \
+		cvm_drv_err(inj_ ? inj_ : (expr));                                                           \
+	})
+
+int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev)
+{
+	return PLAIN(d, CUVMM_CALL_EVENT_CREATE, d->be->event_create(d->state, dev, ev));
+}
+
+void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev)
+{
+	int cu = d->be->event_destroy(d->state, dev, ev);
+
+	if (cu)
+		cvm_warn("destroying an event failed (CUresult %d)", cu);
+}
+
+int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream)
+{
+	return PLAIN(d, CUVMM_CALL_EVENT_RECORD, d->be->event_record(d->state, dev, ev, stream));
+}
+
+int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev)
+{
+	int inj = injected(d, CUVMM_CALL_EVENT_QUERY);
+	int cu = inj ? inj : d->be->event_query(d->state, dev, ev);
+
+	if (cu == CVM_CU_NOT_READY)
+		return 0;
+	return cu ? cvm_drv_err(cu) : 1;
+}
+
+int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev)
+{
+	return PLAIN(d, CUVMM_CALL_EVENT_SYNC, d->be->event_sync(d->state, dev, ev));
+}
+
+int cvm_drv_device_sync(struct cvm_drv *d, int dev)
+{
+	return PLAIN(d, CUVMM_CALL_DEVICE_SYNC, d->be->device_sync(d->state, dev));
+}
+
+int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event ev)
+{
+	return PLAIN(d, CUVMM_CALL_STREAM_WAIT, d->be->stream_wait(d->state, dev, stream, ev));
+}
+
+int cvm_drv_host_alloc(struct cvm_drv *d, size_t size, void **p)
+{
+	return PLAIN(d, CUVMM_CALL_HOST_ALLOC, d->be->host_alloc(d->state, size, p));
+}
+
+void cvm_drv_host_free(struct cvm_drv *d, void *p)
+{
+	int cu = d->be->host_free(d->state, p);
+
+	if (cu)
+		cvm_warn("freeing pinned host memory failed (CUresult %d)", cu);
+}
+
+int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
+{
+	return PLAIN(d, CUVMM_CALL_COPY, d->be->copy_dtoh(d->state, dev, dst, src, size, stream));
+}
+
+int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
+{
+	return PLAIN(d, CUVMM_CALL_COPY, d->be->copy_htod(d->state, dev, dst, src, size, stream));
+}
+
+int cvm_drv_stream_create(struct cvm_drv *d, int dev, CUstream *stream)
+{
+	return cvm_drv_err(d->be->stream_create(d->state, dev, stream));
+}
+
+void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream)
+{
+	int cu = d->be->stream_destroy(d->state, dev, stream);
+
+	if (cu)
+		cvm_warn("destroying a stream failed (CUresult %d)", cu);
+}
+
+int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream)
+{
+	return cvm_drv_err(d->be->stream_sync(d->state, dev, stream));
+}

@@ -1,0 +1,151 @@
+/*
+ * Driver layer: the one place the library reaches the CUDA driver (or its host stand-in).
+ *
+ * A backend is a table of functions (struct cvm_backend) that speak CUresult: 0 on success, a CUDA error
+ * code on failure, exactly as the driver would. The wrappers below (cvm_drv_*) are what the rest of the
+ * library calls: they apply fault injection, count the calls and time them into the device's statistics,
+ * remember the CUresult for cuvmm_last_driver_error(), and translate it to a CUVMM_E* code.
+ *
+ * Preconditions common to all backend functions: `dev` is a device opened with device_open; sizes and
+ * addresses passed to reserve/create/map/unmap/set_access are multiples of that device's granularity.
+ * Backend functions are thread-safe and never block on the library's locks.
+ */
+#ifndef CVM_DRV_H
+#define CVM_DRV_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuvmm.h"
+
+/* A physical chunk: CUmemGenericAllocationHandle, or the host backend's chunk pointer. */
+typedef uint64_t cvm_handle;
+/* A completion marker: CUevent, or the host backend's event. */
+typedef void *cvm_event;
+
+struct cvm_devinfo {
+	size_t granularity;  /* smallest chunk; every size and address is a multiple */
+	size_t total_bytes;  /* physical memory of the device */
+	char name[64];       /* for logs */
+};
+
+struct cvm_backend {
+	const char *name;
+	enum cuvmm_backend kind;
+	/* Load and initialise. Returns CUVMM_OK or CUVMM_ENODRIVER/ENODEV/EDRIVER (a CUVMM code, not a
+	 * CUresult: this is the one function that decides between "no driver" and "no device"). *state is the
+	 * backend's private state, passed back to every other function. `cfg` is the context's config. */
+	int (*open)(const struct cuvmm_config *cfg, void **state);
+	void (*close)(void *state);
+	int (*device_count)(void *state, int *count);
+	/* Prepare a device for use: check VMM support (CUDA_ERROR_NOT_SUPPORTED if absent), retain the primary
+	 * context, read the granularity. Called once per device per context. */
+	int (*device_open)(void *state, int dev, struct cvm_devinfo *info);
+	void (*device_close)(void *state, int dev);
+
+	/* Virtual address space. */
+	int (*reserve)(void *state, int dev, size_t size, uintptr_t *va);
+	int (*unreserve)(void *state, int dev, uintptr_t va, size_t size);
+	/* Physical chunks: committed at create, returned to the OS/driver at release. */
+	int (*create)(void *state, int dev, size_t size, cvm_handle *h);
+	int (*release)(void *state, int dev, cvm_handle h);
+	/* Map a whole chunk at va (no access until set_access); unmap a range of whole mapped chunks. */
+	int (*map)(void *state, int dev, uintptr_t va, size_t size, cvm_handle h);
+	int (*unmap)(void *state, int dev, uintptr_t va, size_t size);
+	/* Make [va, va+size) readable and writable from device `dev`. */
+	int (*set_access)(void *state, int dev, uintptr_t va, size_t size);
+	int (*mem_info)(void *state, int dev, size_t *free_bytes, size_t *total_bytes);
+
+	/* Ordering with GPU work. query returns 0 (complete), CUDA_ERROR_NOT_READY (600), or an error. */
+	int (*event_create)(void *state, int dev, cvm_event *ev);
+	int (*event_destroy)(void *state, int dev, cvm_event ev);
+	int (*event_record)(void *state, int dev, cvm_event ev, CUstream stream);
+	int (*event_query)(void *state, int dev, cvm_event ev);
+	int (*event_sync)(void *state, int dev, cvm_event ev);
+	int (*device_sync)(void *state, int dev);
+	int (*stream_wait)(void *state, int dev, CUstream stream, cvm_event ev);
+
+	/* Copies for sleep/wake: pinned host memory and asynchronous copies on a stream of the caller's. */
+	int (*host_alloc)(void *state, size_t size, void **p);
+	int (*host_free)(void *state, void *p);
+	int (*copy_dtoh)(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
+	int (*copy_htod)(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
+	int (*stream_create)(void *state, int dev, CUstream *stream);
+	int (*stream_destroy)(void *state, int dev, CUstream stream);
+	int (*stream_sync)(void *state, int dev, CUstream stream);
+};
+
+extern const struct cvm_backend cvm_backend_cuda;
+extern const struct cvm_backend cvm_backend_host;
+
+/* CUresult values the library looks at; spelled here so backends need not agree on cuda.h's enum. */
+#define CVM_CU_NOT_READY 600
+
+/* Fault injection state of one call kind (cuvmm_ctx_inject_fault). */
+struct cvm_fault {
+	_Atomic uint64_t skip;    /* calls still to let through */
+	_Atomic uint32_t count;   /* calls still to fail after that; UINT32_MAX: forever */
+	int err;                  /* CUVMM_ENOMEM or CUVMM_EDRIVER */
+};
+
+/* Per-device counters the wrappers feed (a part of struct cuvmm_stats; the rest is kept by phys). */
+struct cvm_drv_counters {
+	_Atomic uint64_t create_calls, release_calls, map_calls, unmap_calls, driver_ns;
+	struct cvm_drv_counters *parent; /* the device's counters, for an object's; NULL for the device's */
+};
+
+/* The driver connection of one context. */
+struct cvm_drv {
+	const struct cvm_backend *be;
+	void *state;
+	struct cvm_fault fault[CUVMM_CALL_COUNT_];
+	_Atomic uint64_t calls[CUVMM_CALL_COUNT_];
+};
+
+int cvm_drv_open(struct cvm_drv *d, const struct cuvmm_config *cfg);
+void cvm_drv_close(struct cvm_drv *d);
+
+/* Translate a CUresult to a CUVMM code, recording it as this thread's last driver error if non-zero. */
+int cvm_drv_err(int cu);
+/* Record a CUresult as this thread's last driver error (for errors noticed outside the wrappers). */
+void cvm_drv_set_last(int cu);
+
+/* The wrappers. All return CUVMM_OK or a negative CUVMM code. `cnt` may be NULL. */
+int cvm_drv_device_count(struct cvm_drv *d, int *count);
+int cvm_drv_device_open(struct cvm_drv *d, int dev, struct cvm_devinfo *info);
+void cvm_drv_device_close(struct cvm_drv *d, int dev);
+int cvm_drv_reserve(struct cvm_drv *d, int dev, size_t size, uintptr_t *va);
+int cvm_drv_unreserve(struct cvm_drv *d, int dev, uintptr_t va, size_t size);
+int cvm_drv_create(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, size_t size, cvm_handle *h);
+int cvm_drv_release(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, cvm_handle h);
+int cvm_drv_map(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size, cvm_handle h);
+int cvm_drv_unmap(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size);
+int cvm_drv_set_access(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size);
+int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes);
+int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev);
+void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev);
+int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream);
+/* 1: complete, 0: not yet, <0: error. */
+int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev);
+int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev);
+int cvm_drv_device_sync(struct cvm_drv *d, int dev);
+int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event ev);
+int cvm_drv_host_alloc(struct cvm_drv *d, size_t size, void **p);
+void cvm_drv_host_free(struct cvm_drv *d, void *p);
+int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
+int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
+int cvm_drv_stream_create(struct cvm_drv *d, int dev, CUstream *stream);
+void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream);
+int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream);
+
+/* Host backend test hooks (tests only; no effect on the CUDA backend).
+ * While the gate is closed, events recorded by the host backend stay incomplete, as if a kernel were still
+ * running; opening it completes them. Lets tests see that unmaps wait for their fence. */
+void cvm_host_gate_close(void);
+void cvm_host_gate_open(void);
+
+/* Monotonic time in nanoseconds. */
+uint64_t cvm_now_ns(void);
+
+#endif /* CVM_DRV_H */

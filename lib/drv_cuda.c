@@ -1,0 +1,868 @@
+/*
+ * CUDA backend: the real driver, loaded at run time.
+ *
+ * libcuda is never linked, so the library loads (and its host backend works) on machines without a driver.
+ * Only cuGetProcAddress_v2 is taken with dlsym; every other entry point is resolved through it, pinned to
+ * the CUDA 12.0 ABI. Asking for 12.0 rather than the headers' CUDA_VERSION keeps two promises: any 12.x or
+ * newer driver answers (a request above the driver's own version fails with CUDA_ERROR_INVALID_VALUE), and
+ * the variant returned matches the typedefs below even when built against newer headers that add variants.
+ *
+ * Every call that touches a context runs with the device's primary context current, pushed only when it
+ * is not already, so that the application's current context is the same after each call as before it.
+ */
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "drv.h"
+#include "log.h"
+
+/* The ABI the entry points are requested for; see the top of the file. */
+#define CVM_CUDA_ABI 12000
+#define CVM_CUDA_MAX_DEVICES 64
+
+/* Entry point types, as of the 12.0 ABI (cuMemGetInfo is cuMemGetInfo_v2, and so on). */
+typedef CUresult (*pfn_cuGetProcAddress)(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+					 CUdriverProcAddressQueryResult *symbolStatus);
+typedef CUresult (*pfn_cuInit)(unsigned int flags);
+typedef CUresult (*pfn_cuDriverGetVersion)(int *version);
+typedef CUresult (*pfn_cuDeviceGetCount)(int *count);
+typedef CUresult (*pfn_cuDeviceGet)(CUdevice *device, int ordinal);
+typedef CUresult (*pfn_cuDeviceGetAttribute)(int *pi, CUdevice_attribute attrib, CUdevice dev);
+typedef CUresult (*pfn_cuDeviceGetName)(char *name, int len, CUdevice dev);
+typedef CUresult (*pfn_cuDeviceTotalMem)(size_t *bytes, CUdevice dev);
+typedef CUresult (*pfn_cuDevicePrimaryCtxRetain)(CUcontext *pctx, CUdevice dev);
+typedef CUresult (*pfn_cuDevicePrimaryCtxRelease)(CUdevice dev);
+typedef CUresult (*pfn_cuCtxGetCurrent)(CUcontext *pctx);
+typedef CUresult (*pfn_cuCtxPushCurrent)(CUcontext ctx);
+typedef CUresult (*pfn_cuCtxPopCurrent)(CUcontext *pctx);
+typedef CUresult (*pfn_cuCtxSynchronize)(void);
+typedef CUresult (*pfn_cuMemGetAllocationGranularity)(size_t *granularity, const CUmemAllocationProp *prop,
+						      CUmemAllocationGranularity_flags option);
+typedef CUresult (*pfn_cuMemAddressReserve)(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+					    unsigned long long flags);
+typedef CUresult (*pfn_cuMemAddressFree)(CUdeviceptr ptr, size_t size);
+typedef CUresult (*pfn_cuMemCreate)(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+				    unsigned long long flags);
+typedef CUresult (*pfn_cuMemRelease)(CUmemGenericAllocationHandle handle);
+typedef CUresult (*pfn_cuMemMap)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+				 unsigned long long flags);
+typedef CUresult (*pfn_cuMemUnmap)(CUdeviceptr ptr, size_t size);
+typedef CUresult (*pfn_cuMemSetAccess)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+typedef CUresult (*pfn_cuMemGetInfo)(size_t *free_bytes, size_t *total_bytes);
+typedef CUresult (*pfn_cuEventCreate)(CUevent *event, unsigned int flags);
+typedef CUresult (*pfn_cuEventDestroy)(CUevent event);
+typedef CUresult (*pfn_cuEventRecord)(CUevent event, CUstream stream);
+typedef CUresult (*pfn_cuEventQuery)(CUevent event);
+typedef CUresult (*pfn_cuEventSynchronize)(CUevent event);
+typedef CUresult (*pfn_cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
+typedef CUresult (*pfn_cuStreamCreate)(CUstream *stream, unsigned int flags);
+typedef CUresult (*pfn_cuStreamDestroy)(CUstream stream);
+typedef CUresult (*pfn_cuStreamSynchronize)(CUstream stream);
+typedef CUresult (*pfn_cuMemHostAlloc)(void **pp, size_t size, unsigned int flags);
+typedef CUresult (*pfn_cuMemFreeHost)(void *p);
+typedef CUresult (*pfn_cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t size, CUstream stream);
+typedef CUresult (*pfn_cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t size, CUstream stream);
+
+/*
+ * The entry points the backend cannot work without. The names are given without their "cu" so that none
+ * collides with the versioning macros of cuda.h (cuMemGetInfo -> cuMemGetInfo_v2, ...): the field is the
+ * bare name, the type pfn_cu<name>, the symbol asked for "cu<name>", the base name cuGetProcAddress wants.
+ */
+#define CVM_CUDA_ENTRY_POINTS(X)                                                                             \
+	X(DeviceGetCount)                                                                                    \
+	X(DeviceGet)                                                                                         \
+	X(DeviceGetAttribute)                                                                                \
+	X(DeviceGetName)                                                                                     \
+	X(DeviceTotalMem)                                                                                    \
+	X(DevicePrimaryCtxRetain)                                                                            \
+	X(DevicePrimaryCtxRelease)                                                                           \
+	X(CtxGetCurrent)                                                                                     \
+	X(CtxPushCurrent)                                                                                    \
+	X(CtxPopCurrent)                                                                                     \
+	X(CtxSynchronize)                                                                                    \
+	X(MemGetAllocationGranularity)                                                                       \
+	X(MemAddressReserve)                                                                                 \
+	X(MemAddressFree)                                                                                    \
+	X(MemCreate)                                                                                         \
+	X(MemRelease)                                                                                        \
+	X(MemMap)                                                                                            \
+	X(MemUnmap)                                                                                          \
+	X(MemSetAccess)                                                                                      \
+	X(MemGetInfo)                                                                                        \
+	X(EventCreate)                                                                                       \
+	X(EventDestroy)                                                                                      \
+	X(EventRecord)                                                                                       \
+	X(EventQuery)                                                                                        \
+	X(EventSynchronize)                                                                                  \
+	X(StreamWaitEvent)                                                                                   \
+	X(StreamCreate)                                                                                      \
+	X(StreamDestroy)                                                                                     \
+	X(StreamSynchronize)                                                                                 \
+	X(MemHostAlloc)                                                                                      \
+	X(MemFreeHost)                                                                                       \
+	X(MemcpyDtoHAsync)                                                                                   \
+	X(MemcpyHtoDAsync)
+
+struct cuda_fn {
+	pfn_cuGetProcAddress GetProcAddress;
+	pfn_cuInit Init;
+	pfn_cuDriverGetVersion DriverGetVersion; /* optional: only for the log */
+#define CVM_CUDA_FIELD_(name) pfn_cu##name name;
+	CVM_CUDA_ENTRY_POINTS(CVM_CUDA_FIELD_)
+#undef CVM_CUDA_FIELD_
+};
+
+static const struct {
+	const char *symbol;
+	size_t offset;
+} entry_points[] = {
+#define CVM_CUDA_ENTRY_(name) {"cu" #name, offsetof(struct cuda_fn, name)},
+	CVM_CUDA_ENTRY_POINTS(CVM_CUDA_ENTRY_)
+#undef CVM_CUDA_ENTRY_
+};
+
+/* Resolved addresses arrive as void * and are copied into function pointers, as POSIX allows for dlsym. */
+_Static_assert(sizeof(void *) == sizeof(pfn_cuInit), "function pointers must be the size of void *");
+
+struct cuda_dev {
+	CUdevice dev;
+	CUcontext ctx;      /* retained primary context; NULL until device_open */
+	size_t granularity; /* also the alignment of reservations */
+};
+
+struct cuda_state {
+	void *lib;
+	struct cuda_fn fn;
+	int ndev;
+	/* Device 0's primary context, retained for pinned host memory independently of device_open/close
+	 * (pinned memory dies with the context it was allocated in). Set once, by whichever thread wins. */
+	_Atomic(CUcontext) host_ctx;
+	struct cuda_dev dev[CVM_CUDA_MAX_DEVICES];
+};
+
+/* The failures of cuInit that mean "this driver cannot be used here", as opposed to a failing call. */
+static int init_error_code(CUresult r)
+{
+	switch ((int)r) {
+	case CUDA_ERROR_NO_DEVICE:
+		return CUVMM_ENODEV;
+	case CUDA_ERROR_NOT_INITIALIZED:
+	case CUDA_ERROR_DEINITIALIZED:
+	case CUDA_ERROR_STUB_LIBRARY:
+	case CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER:
+	case CUDA_ERROR_SYSTEM_NOT_READY:
+	case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+	case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
+		return CUVMM_ENODRIVER;
+	default:
+		return CUVMM_EDRIVER;
+	}
+}
+
+/* Resolve one entry point into *slot. A symbol the driver lacks comes back as success with a NULL pointer,
+ * so that case is folded into CUDA_ERROR_NOT_FOUND. */
+static CUresult resolve(const struct cuda_state *s, const char *symbol, void *slot)
+{
+	CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	void *p = NULL;
+	CUresult r;
+
+	r = s->fn.GetProcAddress(symbol, &p, CVM_CUDA_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!p || status != CU_GET_PROC_ADDRESS_SUCCESS)
+		return CUDA_ERROR_NOT_FOUND;
+	memcpy(slot, &p, sizeof(p));
+	return CUDA_SUCCESS;
+}
+
+/*
+ * Make ctx current for one call. *pushed says whether ctx_leave must pop. If the current context
+ * cannot even be read (e.g. the application's was destroyed), pushing anyway is still safe: the pop
+ * restores whatever was there.
+ */
+static CUresult ctx_enter(const struct cuda_state *s, CUcontext ctx, int *pushed)
+{
+	CUcontext cur = NULL;
+	CUresult r;
+
+	*pushed = 0;
+	if (s->fn.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
+		return CUDA_SUCCESS;
+	r = s->fn.CtxPushCurrent(ctx);
+	if (r == CUDA_SUCCESS)
+		*pushed = 1;
+	return r;
+}
+
+static void ctx_leave(const struct cuda_state *s, int pushed)
+{
+	CUcontext popped = NULL;
+	CUresult r;
+
+	if (!pushed)
+		return;
+	r = s->fn.CtxPopCurrent(&popped);
+	/* Nothing to hand back through the caller's result, but a stack left wrong would confuse the application
+	 * long after; say so. */
+	if (r != CUDA_SUCCESS)
+		cvm_warn("cuCtxPopCurrent failed (CUresult %d); the thread's current context may be wrong", (int)r);
+}
+
+/* Validate dev and make its primary context current. */
+static CUresult dev_enter(struct cuda_state *s, int dev, struct cuda_dev **d, int *pushed)
+{
+	*pushed = 0;
+	if (dev < 0 || dev >= s->ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*d = &s->dev[dev];
+	if (!(*d)->ctx)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return ctx_enter(s, (*d)->ctx, pushed);
+}
+
+/* Device 0's primary context for host allocations, retained on first use. */
+static CUresult host_ctx_get(struct cuda_state *s, CUcontext *out)
+{
+	CUcontext ctx = atomic_load_explicit(&s->host_ctx, memory_order_acquire);
+	CUcontext expected = NULL;
+	CUdevice dev;
+	CUresult r;
+
+	if (ctx) {
+		*out = ctx;
+		return CUDA_SUCCESS;
+	}
+	r = s->fn.DeviceGet(&dev, 0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.DevicePrimaryCtxRetain(&ctx, dev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!atomic_compare_exchange_strong_explicit(&s->host_ctx, &expected, ctx, memory_order_acq_rel,
+						     memory_order_acquire)) {
+		/* Another thread retained it first; one reference is enough. Same context either way. */
+		s->fn.DevicePrimaryCtxRelease(dev);
+		ctx = expected;
+	}
+	*out = ctx;
+	return CUDA_SUCCESS;
+}
+
+static void release_contexts(struct cuda_state *s)
+{
+	CUcontext host = atomic_exchange(&s->host_ctx, NULL);
+	CUdevice dev;
+
+	for (int i = 0; i < s->ndev; i++) {
+		if (s->dev[i].ctx) {
+			s->fn.DevicePrimaryCtxRelease(s->dev[i].dev);
+			s->dev[i].ctx = NULL;
+		}
+	}
+	if (host && s->fn.DeviceGet(&dev, 0) == CUDA_SUCCESS)
+		s->fn.DevicePrimaryCtxRelease(dev);
+}
+
+static void cuda_close(void *state)
+{
+	struct cuda_state *s = state;
+
+	if (!s)
+		return;
+	release_contexts(s);
+	dlclose(s->lib);
+	free(s);
+}
+
+static int cuda_open(const struct cuvmm_config *cfg, void **state)
+{
+	struct cuda_state *s;
+	void *sym;
+	CUresult r;
+	int count = 0, version = 0, err;
+
+	(void)cfg;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return CUVMM_ENOMEM;
+	atomic_init(&s->host_ctx, NULL);
+
+	s->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!s->lib) {
+		cvm_info("cannot load the CUDA driver: %s", dlerror());
+		free(s);
+		return CUVMM_ENODRIVER;
+	}
+	sym = dlsym(s->lib, "cuGetProcAddress_v2");
+	if (!sym) {
+		/* Drivers before CUDA 12.0 lack it; they are too old for the ABI asked for anyway. */
+		cvm_info("the CUDA driver has no cuGetProcAddress_v2 (older than CUDA 12.0?): %s", dlerror());
+		err = CUVMM_ENODRIVER;
+		goto fail;
+	}
+	memcpy(&s->fn.GetProcAddress, &sym, sizeof(sym));
+
+	/* cuInit first, so that no lookup depends on whether the driver resolves symbols before it. */
+	r = resolve(s, "cuInit", &s->fn.Init);
+	if (r != CUDA_SUCCESS) {
+		cvm_info("the CUDA driver has no usable cuInit (CUresult %d)", (int)r);
+		cvm_drv_set_last(r);
+		err = CUVMM_ENODRIVER;
+		goto fail;
+	}
+	r = s->fn.Init(0);
+	if (r != CUDA_SUCCESS) {
+		cvm_info("cuInit failed (CUresult %d)", (int)r);
+		cvm_drv_set_last(r);
+		err = init_error_code(r);
+		goto fail;
+	}
+	for (size_t i = 0; i < sizeof(entry_points) / sizeof(entry_points[0]); i++) {
+		r = resolve(s, entry_points[i].symbol, (char *)&s->fn + entry_points[i].offset);
+		if (r != CUDA_SUCCESS) {
+			cvm_info("the CUDA driver lacks %s for the CUDA %d.%d ABI (CUresult %d)",
+				 entry_points[i].symbol, CVM_CUDA_ABI / 1000, CVM_CUDA_ABI % 1000 / 10, (int)r);
+			cvm_drv_set_last(r);
+			err = CUVMM_ENODRIVER;
+			goto fail;
+		}
+	}
+	if (resolve(s, "cuDriverGetVersion", &s->fn.DriverGetVersion) != CUDA_SUCCESS)
+		s->fn.DriverGetVersion = NULL;
+
+	r = s->fn.DeviceGetCount(&count);
+	if (r != CUDA_SUCCESS) {
+		cvm_info("cuDeviceGetCount failed (CUresult %d)", (int)r);
+		cvm_drv_set_last(r);
+		err = r == CUDA_ERROR_NO_DEVICE ? CUVMM_ENODEV : CUVMM_EDRIVER;
+		goto fail;
+	}
+	if (count <= 0) {
+		cvm_info("the CUDA driver sees no device");
+		cvm_drv_set_last(CUDA_ERROR_NO_DEVICE);
+		err = CUVMM_ENODEV;
+		goto fail;
+	}
+	if (count > CVM_CUDA_MAX_DEVICES) {
+		cvm_info("the CUDA driver sees %d devices; using the first %d", count, CVM_CUDA_MAX_DEVICES);
+		count = CVM_CUDA_MAX_DEVICES;
+	}
+	s->ndev = count;
+
+	if (s->fn.DriverGetVersion && s->fn.DriverGetVersion(&version) == CUDA_SUCCESS)
+		cvm_info("CUDA driver %d.%d loaded, %d device(s)", version / 1000, version % 1000 / 10, count);
+	else
+		cvm_info("CUDA driver loaded, %d device(s)", count);
+	*state = s;
+	return CUVMM_OK;
+
+fail:
+	dlclose(s->lib);
+	free(s);
+	return err;
+}
+
+static int cuda_device_count(void *state, int *count)
+{
+	const struct cuda_state *s = state;
+
+	*count = s->ndev;
+	return CUDA_SUCCESS;
+}
+
+static int cuda_device_open(void *state, int dev, struct cvm_devinfo *info)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	struct cvm_devinfo out;
+	CUmemAllocationProp prop;
+	CUdevice cudev;
+	CUcontext ctx;
+	CUresult r;
+	int vmm = 0, pushed, retained = 0;
+
+	if (dev < 0 || dev >= s->ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	d = &s->dev[dev];
+	r = s->fn.DeviceGet(&cudev, dev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cudev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!vmm) {
+		cvm_info("CUDA device %d lacks virtual memory management", dev);
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+
+	/* Opened twice: keep the one reference, which the one device_close drops. */
+	ctx = d->ctx;
+	if (!ctx) {
+		r = s->fn.DevicePrimaryCtxRetain(&ctx, cudev);
+		if (r != CUDA_SUCCESS)
+			return r;
+		retained = 1;
+	}
+
+	memset(&out, 0, sizeof(out));
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	r = ctx_enter(s, ctx, &pushed);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	r = s->fn.MemGetAllocationGranularity(&out.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+	ctx_leave(s, pushed);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	if (!out.granularity) {
+		r = CUDA_ERROR_UNKNOWN;
+		goto fail;
+	}
+	r = s->fn.DeviceTotalMem(&out.total_bytes, cudev);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	r = s->fn.DeviceGetName(out.name, (int)sizeof(out.name), cudev);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	out.name[sizeof(out.name) - 1] = '\0';
+
+	d->dev = cudev;
+	d->ctx = ctx;
+	d->granularity = out.granularity;
+	*info = out;
+	cvm_info("CUDA device %d: %s, %zu MiB, granularity %zu KiB", dev, out.name, out.total_bytes >> 20,
+		 out.granularity >> 10);
+	return CUDA_SUCCESS;
+
+fail:
+	if (retained)
+		s->fn.DevicePrimaryCtxRelease(cudev);
+	return r;
+}
+
+static void cuda_device_close(void *state, int dev)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+
+	if (dev < 0 || dev >= s->ndev)
+		return;
+	d = &s->dev[dev];
+	if (!d->ctx)
+		return;
+	s->fn.DevicePrimaryCtxRelease(d->dev);
+	d->ctx = NULL;
+}
+
+static int cuda_reserve(void *state, int dev, size_t size, uintptr_t *va)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	CUdeviceptr p = 0;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemAddressReserve(&p, size, d->granularity, 0, 0);
+	ctx_leave(s, pushed);
+	if (r == CUDA_SUCCESS)
+		*va = (uintptr_t)p;
+	return r;
+}
+
+static int cuda_unreserve(void *state, int dev, uintptr_t va, size_t size)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemAddressFree((CUdeviceptr)va, size);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_create(void *state, int dev, size_t size, cvm_handle *h)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	CUmemAllocationProp prop;
+	CUmemGenericAllocationHandle handle = 0;
+	int pushed;
+	CUresult r;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemCreate(&handle, size, &prop, 0);
+	ctx_leave(s, pushed);
+	if (r == CUDA_SUCCESS)
+		*h = (cvm_handle)handle;
+	return r;
+}
+
+static int cuda_release(void *state, int dev, cvm_handle h)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemRelease((CUmemGenericAllocationHandle)h);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_map(void *state, int dev, uintptr_t va, size_t size, cvm_handle h)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_unmap(void *state, int dev, uintptr_t va, size_t size)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemUnmap((CUdeviceptr)va, size);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_set_access(void *state, int dev, uintptr_t va, size_t size)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	CUmemAccessDesc desc;
+	int pushed;
+	CUresult r;
+
+	memset(&desc, 0, sizeof(desc));
+	desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	desc.location.id = dev;
+	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemSetAccess((CUdeviceptr)va, size, &desc, 1);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_mem_info(void *state, int dev, size_t *free_bytes, size_t *total_bytes)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	size_t f = 0, t = 0;
+	int pushed;
+	CUresult r;
+
+	/* cuMemGetInfo reports on the current context's device: the push is what selects the device. */
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemGetInfo(&f, &t);
+	ctx_leave(s, pushed);
+	if (r == CUDA_SUCCESS) {
+		*free_bytes = f;
+		*total_bytes = t;
+	}
+	return r;
+}
+
+static int cuda_event_create(void *state, int dev, cvm_event *ev)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	CUevent e = NULL;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* Only ordering is wanted; timing makes record and query slower. */
+	r = s->fn.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
+	ctx_leave(s, pushed);
+	if (r == CUDA_SUCCESS)
+		*ev = (cvm_event)e;
+	return r;
+}
+
+static int cuda_event_destroy(void *state, int dev, cvm_event ev)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.EventDestroy((CUevent)ev);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_event_record(void *state, int dev, cvm_event ev, CUstream stream)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.EventRecord((CUevent)ev, stream);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_event_query(void *state, int dev, cvm_event ev)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.EventQuery((CUevent)ev);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_event_sync(void *state, int dev, cvm_event ev)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.EventSynchronize((CUevent)ev);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_device_sync(void *state, int dev)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.CtxSynchronize();
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.StreamWaitEvent(stream, (CUevent)ev, 0);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_host_alloc(void *state, size_t size, void **p)
+{
+	struct cuda_state *s = state;
+	CUcontext ctx;
+	void *mem = NULL;
+	int pushed;
+	CUresult r;
+
+	r = host_ctx_get(s, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = ctx_enter(s, ctx, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* Portable: the copies run on whichever device's stream, not only device 0's. */
+	r = s->fn.MemHostAlloc(&mem, size, CU_MEMHOSTALLOC_PORTABLE);
+	ctx_leave(s, pushed);
+	if (r == CUDA_SUCCESS)
+		*p = mem;
+	return r;
+}
+
+static int cuda_host_free(void *state, void *p)
+{
+	struct cuda_state *s = state;
+	CUcontext ctx;
+	int pushed;
+	CUresult r;
+
+	r = host_ctx_get(s, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = ctx_enter(s, ctx, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemFreeHost(p);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemcpyDtoHAsync(dst, (CUdeviceptr)src, size, stream);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_copy_htod(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemcpyHtoDAsync((CUdeviceptr)dst, src, size, stream);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_stream_create(void *state, int dev, CUstream *stream)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	CUstream st = NULL;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* Non-blocking: the library's copies must neither wait for nor hold up the application's legacy NULL
+	 * stream. */
+	r = s->fn.StreamCreate(&st, CU_STREAM_NON_BLOCKING);
+	ctx_leave(s, pushed);
+	if (r == CUDA_SUCCESS)
+		*stream = st;
+	return r;
+}
+
+static int cuda_stream_destroy(void *state, int dev, CUstream stream)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.StreamDestroy(stream);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+static int cuda_stream_sync(void *state, int dev, CUstream stream)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	int pushed;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &pushed);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.StreamSynchronize(stream);
+	ctx_leave(s, pushed);
+	return r;
+}
+
+const struct cvm_backend cvm_backend_cuda = {
+	.name = "cuda",
+	.kind = CUVMM_BACKEND_CUDA,
+	.open = cuda_open,
+	.close = cuda_close,
+	.device_count = cuda_device_count,
+	.device_open = cuda_device_open,
+	.device_close = cuda_device_close,
+	.reserve = cuda_reserve,
+	.unreserve = cuda_unreserve,
+	.create = cuda_create,
+	.release = cuda_release,
+	.map = cuda_map,
+	.unmap = cuda_unmap,
+	.set_access = cuda_set_access,
+	.mem_info = cuda_mem_info,
+	.event_create = cuda_event_create,
+	.event_destroy = cuda_event_destroy,
+	.event_record = cuda_event_record,
+	.event_query = cuda_event_query,
+	.event_sync = cuda_event_sync,
+	.device_sync = cuda_device_sync,
+	.stream_wait = cuda_stream_wait,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.copy_dtoh = cuda_copy_dtoh,
+	.copy_htod = cuda_copy_htod,
+	.stream_create = cuda_stream_create,
+	.stream_destroy = cuda_stream_destroy,
+	.stream_sync = cuda_stream_sync,
+};

@@ -1,0 +1,725 @@
+/*
+ * Host backend: the CUDA VMM semantics on host memory, so the library can be tested without a GPU.
+ *
+ * "Device pointers" are ordinary host addresses. A reservation is a PROT_NONE anonymous mapping; a physical
+ * chunk is a memfd whose pages are committed at creation, so the memory the library holds is real memory the
+ * kernel accounts to the process (Shmem/RssShmem) and tests can watch it come and go. Mapping a chunk puts the
+ * memfd over part of a reservation; unmapping puts a fresh reservation back.
+ *
+ * The backend tracks its reservations and mappings and refuses what the driver refuses (mapping over a mapping,
+ * unmapping part of one, granting access to unmapped space, freeing a reservation that is still mapped). Without
+ * that, MAP_FIXED and mprotect would quietly do something, and a library bug that fails on a GPU would pass here
+ * -- or overwrite unrelated process memory.
+ *
+ * Work is synchronous, so events complete when recorded, except while the test gate is closed (see drv.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <search.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "drv.h"
+#include "log.h"
+
+#define HOST_DEFAULT_GRANULARITY ((size_t)2 << 20)
+/* Set in a live chunk, cleared at release: turns some double releases into an error instead of a crash. */
+#define HOST_CHUNK_MAGIC 0x63766d63686e6bULL
+
+struct host_chunk {
+	uint64_t magic;
+	int fd;
+	size_t size;
+};
+
+struct host_event {
+	uint64_t seq; /* 0: complete; otherwise complete once the gate's completed_seq reaches it */
+};
+
+/* An address range, as the key and element of the tsearch trees below. */
+struct host_span {
+	uintptr_t va;
+	size_t size;
+};
+
+struct host_state {
+	size_t page;
+	size_t granularity;
+	size_t total_bytes;
+	/* Serialises the trees with the mmap calls that change what they describe, so a check and its effect
+	 * cannot be separated by another thread's map or unmap. */
+	pthread_mutex_t lock;
+	void *reservations; /* struct host_span *, disjoint */
+	void *mappings;     /* struct host_span *, disjoint, each inside a reservation */
+	size_t live_chunks;
+};
+
+/*
+ * The gate is process-wide on purpose: a test closes it without a handle on the context's backend state, and
+ * GPU work that is still running is not a property of one context either.
+ */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t done;
+	bool closed;
+	uint64_t pending_seq;   /* last sequence number handed to an event recorded while closed */
+	uint64_t completed_seq; /* every event with seq <= this is complete */
+} gate = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.done = PTHREAD_COND_INITIALIZER,
+};
+
+void cvm_host_gate_close(void)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.closed = true;
+	pthread_mutex_unlock(&gate.lock);
+}
+
+void cvm_host_gate_open(void)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.closed = false;
+	gate.completed_seq = gate.pending_seq;
+	pthread_cond_broadcast(&gate.done);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+/* Errors of the resource kind map to out-of-memory so the library reacts as on a full GPU: it gives cached
+ * chunks back (which also closes their fds and drops their VMAs) and retries or reports ENOMEM. */
+static int cu_from_errno(int e)
+{
+	switch (e) {
+	case ENOMEM:
+	case ENOSPC:
+	case EMFILE:
+	case ENFILE:
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	case EINVAL:
+	case EFBIG:
+	case EOVERFLOW:
+		return CUDA_ERROR_INVALID_VALUE;
+	default:
+		return CUDA_ERROR_UNKNOWN;
+	}
+}
+
+static int fail_errno(const char *what, int e)
+{
+	int cu = cu_from_errno(e);
+
+	cvm_debug("host: %s failed: %s (CUresult %d)", what, strerror(e), cu);
+	return cu;
+}
+
+/* Overlapping spans compare equal, so tfind with a span finds any stored span that overlaps it. Stored spans
+ * are disjoint, which keeps the order total among them. */
+static int span_cmp(const void *a, const void *b)
+{
+	const struct host_span *x = a, *y = b;
+
+	if (x->va + x->size <= y->va)
+		return -1;
+	if (x->va >= y->va + y->size)
+		return 1;
+	return 0;
+}
+
+static struct host_span *span_find(void *const *root, uintptr_t va, size_t size)
+{
+	struct host_span key = { va, size };
+	void *node = tfind(&key, root, span_cmp);
+
+	return node ? *(struct host_span **)node : NULL;
+}
+
+static int span_add(void **root, uintptr_t va, size_t size)
+{
+	struct host_span *s = malloc(sizeof(*s));
+	void *node;
+
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	s->va = va;
+	s->size = size;
+	node = tsearch(s, root, span_cmp);
+	if (!node || *(struct host_span **)node != s) {
+		free(s);
+		return node ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	return CUDA_SUCCESS;
+}
+
+static void span_remove(void **root, struct host_span *s)
+{
+	tdelete(s, root, span_cmp);
+	free(s);
+}
+
+/* True when every byte of [va, va+size) lies in some mapping; with whole, the range must also start and end on
+ * mapping boundaries (cuMemUnmap cannot unmap part of a mapping). */
+static bool covered(const struct host_state *st, uintptr_t va, size_t size, bool whole)
+{
+	uintptr_t end = va + size;
+	uintptr_t at = va;
+
+	while (at < end) {
+		struct host_span *m = span_find(&st->mappings, at, 1);
+
+		if (!m || (whole && (m->va != at || m->va + m->size > end)))
+			return false;
+		at = m->va + m->size;
+	}
+	return true;
+}
+
+static bool range_ok(uintptr_t va, size_t size)
+{
+	return size != 0 && va != 0 && va + size > va;
+}
+
+static size_t phys_bytes(size_t page)
+{
+	long pages = sysconf(_SC_PHYS_PAGES);
+
+	return pages > 0 ? (size_t)pages * page : 0;
+}
+
+/* MemAvailable counts reclaimable cache as free, as a GPU would count memory nobody holds; the sysconf value
+ * (MemFree) is only for kernels too old to report it. */
+static size_t avail_bytes(size_t page)
+{
+	FILE *f = fopen("/proc/meminfo", "re");
+	char line[128];
+	unsigned long long kib;
+	long pages;
+
+	if (f) {
+		while (fgets(line, sizeof(line), f)) {
+			if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+				fclose(f);
+				return (size_t)kib * 1024;
+			}
+		}
+		fclose(f);
+	}
+	pages = sysconf(_SC_AVPHYS_PAGES);
+	return pages > 0 ? (size_t)pages * page : 0;
+}
+
+static int host_open(const struct cuvmm_config *cfg, void **state)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	size_t gran = cfg && cfg->host_granularity ? cfg->host_granularity : HOST_DEFAULT_GRANULARITY;
+	struct host_state *st;
+
+	if (page <= 0 || gran < (size_t)page || (gran & (gran - 1))) {
+		cvm_err("host backend: granularity %zu is not a power of two >= the page size (%ld)", gran, page);
+		return CUVMM_EINVAL;
+	}
+	st = calloc(1, sizeof(*st));
+	if (!st)
+		return CUVMM_ENOMEM;
+	if (pthread_mutex_init(&st->lock, NULL)) {
+		free(st);
+		return CUVMM_ENOMEM;
+	}
+	st->page = (size_t)page;
+	st->granularity = gran;
+	st->total_bytes = cfg && cfg->device_limit_bytes ? cfg->device_limit_bytes : phys_bytes(st->page);
+	cvm_info("host backend: granularity %zu, %zu bytes", st->granularity, st->total_bytes);
+	*state = st;
+	return CUVMM_OK;
+}
+
+static void host_close(void *state)
+{
+	struct host_state *st = state;
+
+	if (!st)
+		return;
+	/* Leftovers are a library bug; their memory is left alone because the application may still touch it. */
+	if (st->reservations || st->mappings || st->live_chunks)
+		cvm_warn("host backend: closed with %s%s%zu chunks still held",
+			 st->reservations ? "reservations, " : "", st->mappings ? "mappings, " : "", st->live_chunks);
+	tdestroy(st->mappings, free);
+	tdestroy(st->reservations, free);
+	pthread_mutex_destroy(&st->lock);
+	free(st);
+}
+
+static int host_device_count(void *state, int *count)
+{
+	(void)state;
+	*count = 1;
+	return CUDA_SUCCESS;
+}
+
+static int host_device_open(void *state, int dev, struct cvm_devinfo *info)
+{
+	struct host_state *st = state;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	info->granularity = st->granularity;
+	info->total_bytes = st->total_bytes;
+	snprintf(info->name, sizeof(info->name), "host");
+	return CUDA_SUCCESS;
+}
+
+static void host_device_close(void *state, int dev)
+{
+	(void)state;
+	(void)dev;
+}
+
+static int host_reserve(void *state, int dev, size_t size, uintptr_t *va)
+{
+	struct host_state *st = state;
+	size_t gran = st->granularity;
+	uintptr_t base, aligned;
+	void *p;
+	int cu;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (size == 0 || size % gran)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (size > SIZE_MAX - gran)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* mmap aligns only to pages: over-reserve by one granule and trim, so chunks can sit on granule boundaries
+	 * as on the GPU (and the kernel may back them with huge pages). */
+	p = mmap(NULL, size + gran, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return fail_errno("reserve mmap", errno);
+	base = (uintptr_t)p;
+	aligned = (base + gran - 1) & ~(uintptr_t)(gran - 1);
+	if (aligned > base)
+		munmap(p, aligned - base);
+	if (base + size + gran > aligned + size)
+		munmap((void *)(aligned + size), base + size + gran - (aligned + size));
+
+	pthread_mutex_lock(&st->lock);
+	cu = span_add(&st->reservations, aligned, size);
+	pthread_mutex_unlock(&st->lock);
+	if (cu) {
+		munmap((void *)aligned, size);
+		return cu;
+	}
+	*va = aligned;
+	return CUDA_SUCCESS;
+}
+
+static int host_unreserve(void *state, int dev, uintptr_t va, size_t size)
+{
+	struct host_state *st = state;
+	struct host_span *r;
+	int cu = CUDA_SUCCESS;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!range_ok(va, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&st->lock);
+	r = span_find(&st->reservations, va, 1);
+	if (!r || r->va != va || r->size != size || span_find(&st->mappings, va, size)) {
+		cu = CUDA_ERROR_INVALID_VALUE;
+	} else if (munmap((void *)va, size)) {
+		cu = fail_errno("unreserve munmap", errno);
+	} else {
+		span_remove(&st->reservations, r);
+	}
+	pthread_mutex_unlock(&st->lock);
+	return cu;
+}
+
+static int host_create(void *state, int dev, size_t size, cvm_handle *h)
+{
+	struct host_state *st = state;
+	struct host_chunk *c;
+	int fd, r, e;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (size == 0 || size % st->granularity || size > (size_t)INT64_MAX)
+		return CUDA_ERROR_INVALID_VALUE;
+	c = malloc(sizeof(*c));
+	if (!c)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* Tests find the library's chunks in /proc/self/fd by this name. */
+	fd = memfd_create("cuvmm", MFD_CLOEXEC);
+	if (fd < 0) {
+		e = errno;
+		free(c);
+		return fail_errno("create memfd_create", e);
+	}
+	if (ftruncate(fd, (off_t)size)) {
+		e = errno;
+		close(fd);
+		free(c);
+		return fail_errno("create ftruncate", e);
+	}
+	/* Commit now, as cuMemCreate does: the allocation fails here rather than as a SIGBUS on first touch.
+	 * shmem's fallocate gives up with EINTR when a signal arrives; redoing it is harmless. */
+	do
+		r = fallocate(fd, 0, 0, (off_t)size);
+	while (r && errno == EINTR);
+	if (r) {
+		e = errno;
+		close(fd);
+		free(c);
+		return fail_errno("create fallocate", e);
+	}
+	c->magic = HOST_CHUNK_MAGIC;
+	c->fd = fd;
+	c->size = size;
+	pthread_mutex_lock(&st->lock);
+	st->live_chunks++;
+	pthread_mutex_unlock(&st->lock);
+	*h = (cvm_handle)(uintptr_t)c;
+	return CUDA_SUCCESS;
+}
+
+static int host_release(void *state, int dev, cvm_handle h)
+{
+	struct host_state *st = state;
+	struct host_chunk *c = (struct host_chunk *)(uintptr_t)h;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!c || c->magic != HOST_CHUNK_MAGIC)
+		return CUDA_ERROR_INVALID_VALUE;
+	c->magic = 0;
+	/* As with cuMemRelease, pages still mapped stay until unmapped: the mapping holds its own file reference. */
+	close(c->fd);
+	free(c);
+	pthread_mutex_lock(&st->lock);
+	st->live_chunks--;
+	pthread_mutex_unlock(&st->lock);
+	return CUDA_SUCCESS;
+}
+
+/* Put a fresh reservation over [va, va+size): what cuMemUnmap leaves behind, and what a failed MAP_FIXED may
+ * have torn a hole in. Same flags as host_reserve, so the kernel merges it with its neighbours. */
+static int rereserve(uintptr_t va, size_t size)
+{
+	void *p = mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+
+	return p == MAP_FAILED ? errno : 0;
+}
+
+static int host_map(void *state, int dev, uintptr_t va, size_t size, cvm_handle h)
+{
+	struct host_state *st = state;
+	struct host_chunk *c = (struct host_chunk *)(uintptr_t)h;
+	struct host_span *r;
+	void *p;
+	int cu, e;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	/* A handle is mapped whole, as on the H200: partial mappings of a chunk are not something the library does. */
+	if (!c || c->magic != HOST_CHUNK_MAGIC || size != c->size || !range_ok(va, size) || va % st->granularity)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&st->lock);
+	r = span_find(&st->reservations, va, 1);
+	if (!r || va + size > r->va + r->size || span_find(&st->mappings, va, size)) {
+		pthread_mutex_unlock(&st->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	cu = span_add(&st->mappings, va, size);
+	if (cu) {
+		pthread_mutex_unlock(&st->lock);
+		return cu;
+	}
+	/* PROT_NONE: cuMemMap gives no access until cuMemSetAccess. */
+	p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, c->fd, 0);
+	if (p == MAP_FAILED) {
+		e = errno;
+		rereserve(va, size);
+		span_remove(&st->mappings, span_find(&st->mappings, va, size));
+		pthread_mutex_unlock(&st->lock);
+		return fail_errno("map mmap", e);
+	}
+	pthread_mutex_unlock(&st->lock);
+	return CUDA_SUCCESS;
+}
+
+static int host_unmap(void *state, int dev, uintptr_t va, size_t size)
+{
+	struct host_state *st = state;
+	struct host_span *m;
+	uintptr_t at;
+	int e;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!range_ok(va, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&st->lock);
+	if (!covered(st, va, size, true)) {
+		pthread_mutex_unlock(&st->lock);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	e = rereserve(va, size);
+	if (e) {
+		/* Only the VMA limit (vm.max_map_count) makes this fail; the mappings are then still in place. */
+		pthread_mutex_unlock(&st->lock);
+		return fail_errno("unmap mmap", e);
+	}
+	for (at = va; at < va + size;) {
+		m = span_find(&st->mappings, at, 1);
+		at += m->size;
+		span_remove(&st->mappings, m);
+	}
+	pthread_mutex_unlock(&st->lock);
+	return CUDA_SUCCESS;
+}
+
+static int host_set_access(void *state, int dev, uintptr_t va, size_t size)
+{
+	struct host_state *st = state;
+	int cu = CUDA_SUCCESS;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!range_ok(va, size))
+		return CUDA_ERROR_INVALID_VALUE;
+	/* mprotect would happily make a bare reservation writable (as private anonymous memory); the driver
+	 * refuses a range that is not fully mapped, so refuse it too. */
+	pthread_mutex_lock(&st->lock);
+	if (!covered(st, va, size, false))
+		cu = CUDA_ERROR_INVALID_VALUE;
+	else if (mprotect((void *)va, size, PROT_READ | PROT_WRITE))
+		cu = fail_errno("set_access mprotect", errno);
+	pthread_mutex_unlock(&st->lock);
+	return cu;
+}
+
+static int host_mem_info(void *state, int dev, size_t *free_bytes, size_t *total_bytes)
+{
+	struct host_state *st = state;
+	size_t avail;
+
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	avail = avail_bytes(st->page);
+	*free_bytes = avail < st->total_bytes ? avail : st->total_bytes;
+	*total_bytes = st->total_bytes;
+	return CUDA_SUCCESS;
+}
+
+static int host_event_create(void *state, int dev, cvm_event *ev)
+{
+	struct host_event *e;
+
+	(void)state;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*ev = e;
+	return CUDA_SUCCESS;
+}
+
+static int host_event_destroy(void *state, int dev, cvm_event ev)
+{
+	(void)state;
+	(void)dev;
+	free(ev);
+	return CUDA_SUCCESS;
+}
+
+static int host_event_record(void *state, int dev, cvm_event ev, CUstream stream)
+{
+	struct host_event *e = ev;
+
+	(void)state;
+	(void)stream;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!e)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&gate.lock);
+	e->seq = gate.closed ? ++gate.pending_seq : 0;
+	pthread_mutex_unlock(&gate.lock);
+	return CUDA_SUCCESS;
+}
+
+static int host_event_query(void *state, int dev, cvm_event ev)
+{
+	struct host_event *e = ev;
+	bool done;
+
+	(void)state;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!e)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&gate.lock);
+	done = e->seq <= gate.completed_seq;
+	pthread_mutex_unlock(&gate.lock);
+	return done ? CUDA_SUCCESS : CVM_CU_NOT_READY;
+}
+
+static int host_event_sync(void *state, int dev, cvm_event ev)
+{
+	struct host_event *e = ev;
+
+	(void)state;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!e)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&gate.lock);
+	while (e->seq > gate.completed_seq)
+		pthread_cond_wait(&gate.done, &gate.lock);
+	pthread_mutex_unlock(&gate.lock);
+	return CUDA_SUCCESS;
+}
+
+/* Everything recorded so far, not "the gate is open": work queued after this call is not waited for, and a
+ * closed gate with nothing recorded behind it holds nothing up. */
+static int sync_all(void)
+{
+	pthread_mutex_lock(&gate.lock);
+	while (gate.completed_seq != gate.pending_seq)
+		pthread_cond_wait(&gate.done, &gate.lock);
+	pthread_mutex_unlock(&gate.lock);
+	return CUDA_SUCCESS;
+}
+
+static int host_device_sync(void *state, int dev)
+{
+	(void)state;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	return sync_all();
+}
+
+static int host_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
+{
+	(void)state;
+	(void)stream;
+	(void)ev;
+	/* Host work runs in call order, so it is already behind the event. */
+	return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+static int host_host_alloc(void *state, size_t size, void **p)
+{
+	void *q;
+
+	(void)state;
+	if (size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	q = malloc(size);
+	if (!q)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*p = q;
+	return CUDA_SUCCESS;
+}
+
+static int host_host_free(void *state, void *p)
+{
+	(void)state;
+	free(p);
+	return CUDA_SUCCESS;
+}
+
+static int host_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
+{
+	(void)state;
+	(void)stream;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (size && (!dst || !src))
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy(dst, (const void *)src, size);
+	return CUDA_SUCCESS;
+}
+
+static int host_copy_htod(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
+{
+	(void)state;
+	(void)stream;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (size && (!dst || !src))
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy((void *)dst, src, size);
+	return CUDA_SUCCESS;
+}
+
+static int host_stream_create(void *state, int dev, CUstream *stream)
+{
+	void *s;
+
+	(void)state;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	/* Only identity matters: a live allocation is a unique non-NULL pointer. */
+	s = malloc(1);
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*stream = (CUstream)s;
+	return CUDA_SUCCESS;
+}
+
+static int host_stream_destroy(void *state, int dev, CUstream stream)
+{
+	(void)state;
+	(void)dev;
+	free(stream);
+	return CUDA_SUCCESS;
+}
+
+/* There is one queue of work on the host, so a stream's work is all the work. */
+static int host_stream_sync(void *state, int dev, CUstream stream)
+{
+	(void)state;
+	(void)stream;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	return sync_all();
+}
+
+const struct cvm_backend cvm_backend_host = {
+	.name = "host",
+	.kind = CUVMM_BACKEND_HOST,
+	.open = host_open,
+	.close = host_close,
+	.device_count = host_device_count,
+	.device_open = host_device_open,
+	.device_close = host_device_close,
+	.reserve = host_reserve,
+	.unreserve = host_unreserve,
+	.create = host_create,
+	.release = host_release,
+	.map = host_map,
+	.unmap = host_unmap,
+	.set_access = host_set_access,
+	.mem_info = host_mem_info,
+	.event_create = host_event_create,
+	.event_destroy = host_event_destroy,
+	.event_record = host_event_record,
+	.event_query = host_event_query,
+	.event_sync = host_event_sync,
+	.device_sync = host_device_sync,
+	.stream_wait = host_stream_wait,
+	.host_alloc = host_host_alloc,
+	.host_free = host_host_free,
+	.copy_dtoh = host_copy_dtoh,
+	.copy_htod = host_copy_htod,
+	.stream_create = host_stream_create,
+	.stream_destroy = host_stream_destroy,
+	.stream_sync = host_stream_sync,
+};

@@ -1,0 +1,305 @@
+/*
+ * Physical memory of one device: chunk cache and byte accounting. See phys.h for the contract.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "log.h"
+
+static void peak_max(_Atomic uint64_t *peak, uint64_t v)
+{
+	uint64_t cur = atomic_load_explicit(peak, memory_order_relaxed);
+
+	while (v > cur && !atomic_compare_exchange_weak(peak, &cur, v))
+		;
+}
+
+static void acct_add(_Atomic uint64_t *f, _Atomic uint64_t *peak, int64_t delta)
+{
+	uint64_t v = atomic_fetch_add_explicit(f, (uint64_t)delta, memory_order_relaxed) + (uint64_t)delta;
+
+	if (peak && delta > 0)
+		peak_max(peak, v);
+}
+
+void cvm_acct_reserved(struct cvm_acct *a, int64_t delta)
+{
+	for (; a; a = a->parent)
+		acct_add(&a->reserved, NULL, delta);
+}
+
+void cvm_acct_held(struct cvm_acct *a, int64_t delta)
+{
+	for (; a; a = a->parent)
+		acct_add(&a->held, &a->peak_held, delta);
+}
+
+void cvm_acct_held_local(struct cvm_acct *a, int64_t delta)
+{
+	acct_add(&a->held, &a->peak_held, delta);
+}
+
+void cvm_acct_mapped(struct cvm_acct *a, int64_t delta)
+{
+	for (; a; a = a->parent)
+		acct_add(&a->mapped, NULL, delta);
+}
+
+void cvm_acct_live(struct cvm_acct *a, int64_t delta)
+{
+	for (; a; a = a->live_private ? NULL : a->parent)
+		acct_add(&a->live, &a->peak_live, delta);
+}
+
+int cvm_stats_check(const struct cuvmm_stats *out)
+{
+	return out && out->size >= sizeof(struct cuvmm_stats) ? CUVMM_OK : CUVMM_EINVAL;
+}
+
+void cvm_acct_fill(const struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out)
+{
+	size_t size = out->size;
+
+	memset(out, 0, sizeof(*out));
+	out->size = size;
+	out->reserved_bytes = atomic_load(&a->reserved);
+	out->held_bytes = atomic_load(&a->held);
+	out->mapped_bytes = atomic_load(&a->mapped);
+	out->live_bytes = atomic_load(&a->live);
+	out->peak_held_bytes = atomic_load(&a->peak_held);
+	out->peak_live_bytes = atomic_load(&a->peak_live);
+	out->create_calls = atomic_load(&c->create_calls);
+	out->release_calls = atomic_load(&c->release_calls);
+	out->map_calls = atomic_load(&c->map_calls);
+	out->unmap_calls = atomic_load(&c->unmap_calls);
+	out->driver_ns = atomic_load(&c->driver_ns);
+}
+
+/* Circular doubly-linked lists with a sentinel; two link sets per chunk. */
+static void list_init(struct cvm_chunk *h)
+{
+	h->cnext = h->cprev = h;
+	h->anext = h->aprev = h;
+}
+
+static void cache_insert(struct cvm_phys *p, struct cvm_chunk *c)
+{
+	struct cvm_chunk *ch = &p->cls[c->cls], *ah = &p->age;
+
+	/* class list: newest first (reuse the warmest); age list: oldest first (release the coldest) */
+	c->cnext = ch->cnext;
+	c->cprev = ch;
+	ch->cnext->cprev = c;
+	ch->cnext = c;
+	c->aprev = ah->aprev;
+	c->anext = ah;
+	ah->aprev->anext = c;
+	ah->aprev = c;
+	p->cached += c->size;
+}
+
+static void cache_remove(struct cvm_phys *p, struct cvm_chunk *c)
+{
+	c->cprev->cnext = c->cnext;
+	c->cnext->cprev = c->cprev;
+	c->aprev->anext = c->anext;
+	c->anext->aprev = c->aprev;
+	c->cnext = c->cprev = c->anext = c->aprev = NULL;
+	p->cached -= c->size;
+}
+
+int cvm_phys_init(struct cvm_phys *p, struct cvm_dev *dev)
+{
+	size_t limit = dev->ctx->cfg.device_limit_bytes;
+
+	memset(p, 0, sizeof(*p));
+	if (pthread_mutex_init(&p->lock, NULL))
+		return CUVMM_ENOMEM;
+	p->dev = dev;
+	p->limit = limit && limit < dev->info.total_bytes ? limit : dev->info.total_bytes;
+	if (!limit && !p->limit)
+		p->limit = SIZE_MAX;
+	for (int i = 0; i < CVM_NCLASS; i++)
+		list_init(&p->cls[i]);
+	list_init(&p->age);
+	return CUVMM_OK;
+}
+
+/* Release a chunk to the driver; the caller has taken it out of the cache and holds no lock. */
+static void chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
+{
+	struct cvm_dev *dev = p->dev;
+	int err = cvm_drv_release(CVM_DRV(dev), &dev->cnt, dev->index, c->h);
+
+	if (err) {
+		/* The driver kept it: nothing to do but stop counting on it; the handle is lost either way. */
+		cvm_err("releasing a %zu-byte chunk on device %d failed: %s (CUresult %d)", c->size, dev->index,
+			cuvmm_strerror(err), cuvmm_last_driver_error());
+	}
+	pthread_mutex_lock(&p->lock);
+	p->held -= c->size;
+	pthread_mutex_unlock(&p->lock);
+	cvm_acct_held(&dev->acct, -(int64_t)c->size);
+	free(c);
+}
+
+/* Take chunks out of the cache, oldest first, until `bytes` are out or `pred` refuses; returns a chain
+ * (through anext) for the caller to release once it dropped the lock. Called with the lock held. */
+static struct cvm_chunk *take_oldest(struct cvm_phys *p, size_t bytes, int skip_cls)
+{
+	struct cvm_chunk *chain = NULL, *c = p->age.anext, *next;
+	size_t got = 0;
+
+	while (c != &p->age && got < bytes) {
+		next = c->anext;
+		if (c->cls != skip_cls) {
+			got += c->size;
+			cache_remove(p, c);
+			c->anext = chain;
+			chain = c;
+		}
+		c = next;
+	}
+	return chain;
+}
+
+static void release_chain(struct cvm_phys *p, struct cvm_chunk *chain)
+{
+	while (chain) {
+		struct cvm_chunk *next = chain->anext;
+
+		chunk_release(p, chain);
+		chain = next;
+	}
+}
+
+int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt, struct cvm_chunk **out)
+{
+	struct cvm_dev *dev = p->dev;
+	size_t size = dev->info.granularity << cls;
+	struct cvm_chunk *c, *evict = NULL;
+	int err;
+
+	if (cls >= CVM_NCLASS)
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&p->lock);
+	c = p->cls[cls].cnext;
+	if (c != &p->cls[cls]) {
+		cache_remove(p, c);
+		pthread_mutex_unlock(&p->lock);
+		*out = c;
+		return CUVMM_OK;
+	}
+	/* A miss: make room under the limit, and trade cached chunks of other sizes for the new one. */
+	if (p->held + size > p->limit) {
+		size_t need = p->held + size - p->limit;
+
+		if (p->cached < need) {
+			pthread_mutex_unlock(&p->lock);
+			return CUVMM_ENOMEM;
+		}
+		evict = take_oldest(p, need, -1);
+	} else if (p->cached) {
+		evict = take_oldest(p, size, (int)cls);
+	}
+	p->held += size; /* claimed now so that racing creators respect the limit */
+	pthread_mutex_unlock(&p->lock);
+	release_chain(p, evict);
+
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		err = CUVMM_ENOMEM;
+		goto fail;
+	}
+	c->size = size;
+	c->cls = (uint8_t)cls;
+	err = cvm_drv_create(CVM_DRV(dev), cnt ? cnt : &dev->cnt, dev->index, size, &c->h);
+	if (err == CUVMM_ENOMEM) {
+		/* The device is full even though we are under our limit: give back the whole cache and retry. */
+		pthread_mutex_lock(&p->lock);
+		evict = take_oldest(p, SIZE_MAX, -1);
+		pthread_mutex_unlock(&p->lock);
+		if (evict) {
+			release_chain(p, evict);
+			err = cvm_drv_create(CVM_DRV(dev), cnt ? cnt : &dev->cnt, dev->index, size, &c->h);
+		}
+	}
+	if (err)
+		goto fail;
+	cvm_acct_held(&dev->acct, (int64_t)size);
+	*out = c;
+	return CUVMM_OK;
+fail:
+	free(c);
+	pthread_mutex_lock(&p->lock);
+	p->held -= size;
+	pthread_mutex_unlock(&p->lock);
+	return err;
+}
+
+void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c)
+{
+	struct cuvmm_ctx *ctx = p->dev->ctx;
+	uint64_t now = cvm_now_ns();
+
+	c->freed_ns = now;
+	pthread_mutex_lock(&p->lock);
+	cache_insert(p, c);
+	pthread_mutex_unlock(&p->lock);
+	if (ctx->delay_ns == 0)
+		cvm_phys_reclaim(p, now, true, ctx->cfg.retain_bytes);
+	else if (ctx->delay_ns != UINT64_MAX)
+		cvm_ctx_kick(ctx, now + ctx->delay_ns);
+}
+
+uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t keep_bytes)
+{
+	struct cuvmm_ctx *ctx = p->dev->ctx;
+	struct cvm_chunk *chain = NULL, *c;
+	uint64_t next = UINT64_MAX;
+
+	if (force) {
+		pthread_mutex_lock(&p->lock);
+	} else {
+		if (pthread_mutex_trylock(&p->lock))
+			return now + CVM_FENCE_POLL_NS;
+		keep_bytes = ctx->cfg.retain_bytes;
+		if (ctx->delay_ns == UINT64_MAX) {
+			pthread_mutex_unlock(&p->lock);
+			return UINT64_MAX;
+		}
+	}
+	/* Oldest first; the most recently freed keep_bytes stay. */
+	while ((c = p->age.anext) != &p->age && p->cached - c->size >= keep_bytes) {
+		if (!force && now - c->freed_ns < ctx->delay_ns) {
+			next = c->freed_ns + ctx->delay_ns;
+			break;
+		}
+		cache_remove(p, c);
+		c->anext = chain;
+		chain = c;
+	}
+	pthread_mutex_unlock(&p->lock);
+	release_chain(p, chain);
+	return next;
+}
+
+size_t cvm_phys_cached(struct cvm_phys *p)
+{
+	size_t v;
+
+	pthread_mutex_lock(&p->lock);
+	v = p->cached;
+	pthread_mutex_unlock(&p->lock);
+	return v;
+}
+
+void cvm_phys_fini(struct cvm_phys *p)
+{
+	cvm_phys_reclaim(p, cvm_now_ns(), true, 0);
+	if (p->held)
+		cvm_warn("device %d: %zu bytes of chunks still in use at context destruction", p->dev->index,
+			 p->held);
+	pthread_mutex_destroy(&p->lock);
+}

@@ -1,0 +1,86 @@
+/*
+ * Physical memory of one device: the chunks a context holds, the cache of free ones, and the accounting of
+ * reserved/held/mapped/live bytes for the device.
+ *
+ * A chunk is one driver handle. Its size is the device granularity shifted left by a size class (0 for
+ * regions; pools use larger classes for large allocations, since the driver's cost is per handle). Free
+ * chunks stay cached for reuse and are released once they have been free for release_delay_ms, beyond
+ * retain_bytes (most recently freed kept first).
+ *
+ * Locking: one mutex per device, never held across a call that waits for the GPU. Callers may hold their
+ * own object lock when calling in (lock order: object, then phys). Releases to the driver happen outside
+ * the mutex in cvm_phys_reclaim, so an allocating thread never waits behind a release there.
+ */
+#ifndef CVM_PHYS_H
+#define CVM_PHYS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "drv.h"
+
+#define CVM_NCLASS 10 /* chunk sizes: granularity << 0 .. << 9 (2 MiB .. 1 GiB on the H200) */
+
+struct cvm_dev;
+
+struct cvm_chunk {
+	cvm_handle h;
+	size_t size;
+	uint8_t cls;                    /* size == granularity << cls */
+	uint64_t freed_ns;              /* when it entered the cache */
+	struct cvm_chunk *cnext, *cprev; /* cache list of its class, most recently freed first */
+	struct cvm_chunk *anext, *aprev; /* cache list of all classes, oldest first, for release */
+};
+
+/* Bytes accounted to the device or to one object; updated with atomics, read without locks. */
+struct cvm_acct {
+	_Atomic uint64_t reserved, held, mapped, live, peak_held, peak_live;
+	struct cvm_acct *parent; /* the device's, for an object's */
+	bool live_private;       /* live stays here: an allocator on this region counts live itself */
+};
+
+/* Add to one field of an account and its parent; peaks follow held and live. */
+void cvm_acct_reserved(struct cvm_acct *a, int64_t delta);
+void cvm_acct_held(struct cvm_acct *a, int64_t delta);
+/* held of one object only: the device's held is the physical layer's to count. */
+void cvm_acct_held_local(struct cvm_acct *a, int64_t delta);
+void cvm_acct_mapped(struct cvm_acct *a, int64_t delta);
+void cvm_acct_live(struct cvm_acct *a, int64_t delta);
+/* Fill the byte fields of a cuvmm_stats from an account and the call fields from counters. */
+void cvm_acct_fill(const struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out);
+/* Check the caller's stats struct. */
+int cvm_stats_check(const struct cuvmm_stats *out);
+
+struct cvm_phys {
+	pthread_mutex_t lock;
+	struct cvm_dev *dev;
+	size_t limit;                           /* device_limit_bytes, or the device's memory */
+	size_t held;                            /* created and not released: cached + in use + being released */
+	size_t cached;                          /* in the cache */
+	struct cvm_chunk cls[CVM_NCLASS];       /* list heads of the per-class caches */
+	struct cvm_chunk age;                   /* list head of the age list */
+};
+
+int cvm_phys_init(struct cvm_phys *p, struct cvm_dev *dev);
+/* Release every cached chunk. Chunks still in use are the caller's bug; they are logged. */
+void cvm_phys_fini(struct cvm_phys *p);
+
+/*
+ * A chunk of granularity << cls: from the cache if one is there, else created. Creating beyond the limit
+ * first releases cached chunks (oldest first) to make room; CUVMM_ENOMEM if that is not enough. A new
+ * chunk also displaces up to its own size of cached chunks of other classes, so that switching sizes
+ * does not pile up held memory. `cnt` are the calling object's driver counters.
+ */
+int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt, struct cvm_chunk **out);
+/* Return a chunk (unmapped) to the cache; with release_delay_ms == 0 it is released beyond retain_bytes. */
+void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c);
+/*
+ * Release cached chunks: with force, all beyond keep_bytes; else those free for release_delay_ms, beyond
+ * retain_bytes. Never blocks on the mutex unless force. Returns the time (ns) the next cached chunk
+ * expires, or UINT64_MAX.
+ */
+uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t keep_bytes);
+size_t cvm_phys_cached(struct cvm_phys *p);
+
+#endif /* CVM_PHYS_H */

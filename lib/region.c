@@ -1,0 +1,591 @@
+/*
+ * Regions: reserved address ranges mapped on demand, with fenced unmaps. See region.h.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "region.h"
+
+#define CVM_SLOT_NEW 4 /* mapped by the map call in progress; MAPPED once it succeeds */
+
+static void *slot_va(const struct cuvmm_region *r, size_t g)
+{
+	return (void *)(r->base + (g << r->gshift));
+}
+
+/* ----- fences ----- */
+
+int cvm_region_event_get_locked(struct cuvmm_region *r, cvm_event *ev)
+{
+	if (r->nspare) {
+		*ev = r->spare_ev[--r->nspare];
+		return CUVMM_OK;
+	}
+	return cvm_drv_event_create(CVM_DRV(r->dev), r->dev->index, ev);
+}
+
+void cvm_region_event_put_locked(struct cuvmm_region *r, cvm_event ev)
+{
+	if (!ev)
+		return;
+	if (r->nspare < r->spare_cap)
+		r->spare_ev[r->nspare++] = ev;
+	else
+		cvm_drv_event_destroy(CVM_DRV(r->dev), r->dev->index, ev);
+}
+
+int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_fence **out)
+{
+	struct cvm_fence *f = calloc(1, sizeof(*f));
+	cvm_event ev = NULL;
+	int err;
+
+	if (!f)
+		return CUVMM_ENOMEM;
+	if (stream) {
+		err = cvm_region_event_get_locked(r, &ev);
+		if (err) {
+			free(f);
+			return err;
+		}
+		err = cvm_drv_event_record(CVM_DRV(r->dev), r->dev->index, ev, stream);
+		if (err) {
+			cvm_region_event_put_locked(r, ev);
+			free(f);
+			return err;
+		}
+	}
+	f->ev = ev;
+	f->id = ++r->next_fence_id;
+	*out = f;
+	return CUVMM_OK;
+}
+
+void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_fence *f)
+{
+	if (!f)
+		return;
+	cvm_region_event_put_locked(r, f->ev);
+	free(f);
+}
+
+/* ----- mapping ----- */
+
+static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state)
+{
+	size_t n = (size_t)1 << c->cls;
+
+	for (size_t i = 0; i < n; i++) {
+		r->slot[g + i].chunk = c;
+		r->slot[g + i].state = state;
+		r->slot[g + i].pend = 0;
+	}
+}
+
+/* Unmap one chunk whose first granule is g, and hand it back to the device. On failure the chunk stays
+ * mapped and its granules DONE, to be retried by a later pass. */
+static int chunk_unmap(struct cuvmm_region *r, size_t g)
+{
+	struct cvm_chunk *c = r->slot[g].chunk;
+	int err = cvm_drv_unmap(CVM_DRV(r->dev), &r->cnt, r->dev->index, (uintptr_t)slot_va(r, g), c->size);
+
+	if (err) {
+		cvm_err("unmapping %zu bytes at %p failed: %s (CUresult %d); will retry", c->size, slot_va(r, g),
+			cuvmm_strerror(err), cuvmm_last_driver_error());
+		return err;
+	}
+	for (size_t i = 0; i < ((size_t)1 << c->cls); i++) {
+		r->slot[g + i].chunk = NULL;
+		r->slot[g + i].state = CVM_SLOT_UNMAPPED;
+	}
+	cvm_acct_mapped(&r->acct, -(int64_t)c->size);
+	cvm_acct_held_local(&r->acct, -(int64_t)c->size);
+	cvm_phys_put(&r->dev->phys, c);
+	return CUVMM_OK;
+}
+
+/* Undo the NEW granules of a failed map call: nothing was written to them, so no fence is needed. */
+static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
+{
+	for (size_t g = first; g < end;) {
+		struct cvm_chunk *c = r->slot[g].chunk;
+
+		if (r->slot[g].state != CVM_SLOT_NEW) {
+			g++;
+			continue;
+		}
+		if (chunk_unmap(r, g)) {
+			/* Stuck mapped: account it as pending so a later pass retries. */
+			for (size_t i = 0; i < ((size_t)1 << c->cls); i++)
+				r->slot[g + i].state = CVM_SLOT_DONE;
+			r->npending += (size_t)1 << c->cls;
+		}
+		g += (size_t)1 << c->cls;
+	}
+}
+
+int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	size_t end = first + n, g = first, newly = 0, back = 0;
+	int err = CUVMM_OK;
+
+	while (g < end) {
+		size_t run, j;
+
+		if (r->slot[g].state != CVM_SLOT_UNMAPPED) {
+			g++;
+			continue;
+		}
+		for (run = g; run < end && r->slot[run].state == CVM_SLOT_UNMAPPED; run++)
+			;
+		for (j = g; j < run;) {
+			unsigned cls = max_cls < CVM_NCLASS ? max_cls : CVM_NCLASS - 1;
+			struct cvm_chunk *c;
+
+			while (cls > 0 && ((j & (((size_t)1 << cls) - 1)) || j + ((size_t)1 << cls) > run))
+				cls--;
+			err = cvm_phys_get(&r->dev->phys, cls, &r->cnt, &c);
+			if (err)
+				goto undo;
+			err = cvm_drv_map(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, j), c->size, c->h);
+			if (err) {
+				cvm_phys_put(&r->dev->phys, c);
+				goto undo;
+			}
+			cvm_acct_mapped(&r->acct, (int64_t)c->size);
+			cvm_acct_held_local(&r->acct, (int64_t)c->size);
+			slots_set(r, j, c, CVM_SLOT_NEW);
+			j += (size_t)1 << cls;
+		}
+		err = cvm_drv_set_access(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, g), (run - g) << r->gshift);
+		if (err)
+			goto undo;
+		newly += run - g;
+		g = run;
+	}
+	/* Success is certain from here: commit the new granules and take back the pending ones. */
+	for (g = first; g < end; g++) {
+		switch (r->slot[g].state) {
+		case CVM_SLOT_NEW:
+			r->slot[g].state = CVM_SLOT_MAPPED;
+			break;
+		case CVM_SLOT_PENDING:
+		case CVM_SLOT_DONE:
+			r->slot[g].state = CVM_SLOT_MAPPED;
+			r->npending--;
+			back++;
+			break;
+		default:
+			break;
+		}
+	}
+	cvm_acct_live(&r->acct, (int64_t)((newly + back) << r->gshift));
+	return CUVMM_OK;
+undo:
+	undo_new(r, first, end);
+	return err;
+}
+
+void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, struct cvm_fence *f)
+{
+	size_t marked = 0;
+
+	for (size_t g = first; g < first + n; g++) {
+		if (r->slot[g].state != CVM_SLOT_MAPPED)
+			continue;
+		r->slot[g].state = CVM_SLOT_PENDING;
+		r->slot[g].pend = f->id;
+		marked++;
+	}
+	if (!marked) {
+		cvm_region_fence_drop_locked(r, f);
+		return;
+	}
+	r->npending += marked;
+	cvm_acct_live(&r->acct, -(int64_t)(marked << r->gshift));
+	f->first = first;
+	f->n = n;
+	f->next = r->fences;
+	r->fences = f;
+}
+
+/* Unmap every chunk in [first, end) (widened to chunk boundaries) whose granules are all DONE. */
+static int unmap_done(struct cuvmm_region *r, size_t first, size_t end)
+{
+	int stuck = 0;
+
+	if (first < end && r->slot[first].chunk)
+		first &= ~(((size_t)1 << r->slot[first].chunk->cls) - 1);
+	for (size_t g = first; g < end;) {
+		struct cvm_chunk *c = r->slot[g].chunk;
+		size_t span, i;
+
+		if (!c) {
+			g++;
+			continue;
+		}
+		span = (size_t)1 << c->cls;
+		for (i = 0; i < span && r->slot[g + i].state == CVM_SLOT_DONE; i++)
+			;
+		if (i == span) {
+			if (chunk_unmap(r, g))
+				stuck = 1;
+			else
+				r->npending -= span;
+		}
+		g += span;
+	}
+	return stuck;
+}
+
+uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wait)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_fence **pf, *f;
+	bool busy = false;
+
+	if (wait) {
+		/* Wait without the lock: collect the events, then sync each. An event recycled meanwhile
+		 * only makes us wait longer. */
+		size_t nev = 0, cap = 0;
+		cvm_event *evs = NULL;
+
+		for (f = r->fences; f; f = f->next)
+			cap += f->ev != NULL;
+		if (cap && (evs = malloc(cap * sizeof(*evs)))) {
+			for (f = r->fences; f; f = f->next)
+				if (f->ev)
+					evs[nev++] = f->ev;
+			pthread_mutex_unlock(&r->lock);
+			for (size_t i = 0; i < nev; i++)
+				cvm_drv_event_sync(d, r->dev->index, evs[i]);
+			pthread_mutex_lock(&r->lock);
+			free(evs);
+		}
+	}
+	for (pf = &r->fences; (f = *pf);) {
+		if (f->ev) {
+			int done = cvm_drv_event_done(d, r->dev->index, f->ev);
+
+			if (done < 0)
+				cvm_err("querying an unmap fence failed: %s (CUresult %d); keeping the memory mapped",
+					cuvmm_strerror(done), cuvmm_last_driver_error());
+			if (done <= 0) {
+				busy = true;
+				pf = &f->next;
+				continue;
+			}
+			cvm_region_event_put_locked(r, f->ev);
+			f->ev = NULL;
+		}
+		for (size_t g = f->first; g < f->first + f->n; g++)
+			if (r->slot[g].state == CVM_SLOT_PENDING && r->slot[g].pend == f->id)
+				r->slot[g].state = CVM_SLOT_DONE;
+		if (unmap_done(r, f->first, f->first + f->n))
+			busy = true;
+		*pf = f->next;
+		free(f);
+	}
+	if (!busy && r->npending && !r->fences) {
+		/* DONE granules left over from failed unmaps: retry them over the whole region. */
+		if (unmap_done(r, 0, r->npages))
+			busy = true;
+	}
+	return busy || r->fences ? now + CVM_FENCE_POLL_NS : UINT64_MAX;
+}
+
+size_t cvm_region_count_locked(struct cuvmm_region *r, size_t first, size_t n, enum cvm_slot_state st)
+{
+	size_t k = 0;
+
+	for (size_t g = first; g < first + n; g++)
+		k += r->slot[g].state == st;
+	return k;
+}
+
+/* ----- lifetime ----- */
+
+static uint64_t region_reclaim(struct cvm_client *c, uint64_t now, bool force)
+{
+	struct cuvmm_region *r = (struct cuvmm_region *)c;
+	uint64_t next;
+
+	if (force)
+		pthread_mutex_lock(&r->lock);
+	else if (pthread_mutex_trylock(&r->lock))
+		return now + CVM_FENCE_POLL_NS;
+	next = r->npending ? cvm_region_process_locked(r, now, force) : UINT64_MAX;
+	pthread_mutex_unlock(&r->lock);
+	return next;
+}
+
+static const struct cvm_client_ops region_ops = {.reclaim = region_reclaim, .kind = "region"};
+
+int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes)
+{
+	struct cvm_dev *dev;
+	size_t gran, size;
+	int err;
+
+	err = cvm_ctx_dev(ctx, device, &dev);
+	if (err)
+		return err;
+	gran = dev->info.granularity;
+	if (max_bytes == 0 || max_bytes > SIZE_MAX - gran + 1)
+		return CUVMM_EINVAL;
+	size = (max_bytes + gran - 1) & ~(gran - 1);
+	memset(r, 0, sizeof(*r));
+	r->ctx = ctx;
+	r->dev = dev;
+	r->gran = gran;
+	r->gshift = (unsigned)__builtin_ctzll(gran);
+	r->size = size;
+	r->npages = size >> r->gshift;
+	r->acct.parent = &dev->acct;
+	r->cnt.parent = &dev->cnt;
+	r->client.ops = &region_ops;
+	r->client.dev = dev;
+	r->spare_cap = 64;
+	r->slot = calloc(r->npages, sizeof(*r->slot));
+	r->spare_ev = calloc(r->spare_cap, sizeof(*r->spare_ev));
+	if (!r->slot || !r->spare_ev) {
+		err = CUVMM_ENOMEM;
+		goto fail;
+	}
+	if (pthread_mutex_init(&r->lock, NULL)) {
+		err = CUVMM_ENOMEM;
+		goto fail;
+	}
+	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
+	if (err) {
+		if (err == CUVMM_ENOMEM || err == CUVMM_EINVAL)
+			err = CUVMM_ENOSPC;
+		pthread_mutex_destroy(&r->lock);
+		goto fail;
+	}
+	cvm_acct_reserved(&r->acct, (int64_t)size);
+	return CUVMM_OK;
+fail:
+	free(r->slot);
+	free(r->spare_ev);
+	return err;
+}
+
+void cvm_region_fini(struct cuvmm_region *r)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+
+	pthread_mutex_lock(&r->lock);
+	if (r->npending)
+		cvm_region_process_locked(r, cvm_now_ns(), true);
+	/* Whatever is still mapped: the caller guarantees no GPU work touches it any more. */
+	for (size_t g = 0; g < r->npages;) {
+		struct cvm_chunk *c = r->slot[g].chunk;
+		size_t span = c ? (size_t)1 << c->cls : 1;
+
+		if (c) {
+			size_t live = 0;
+
+			for (size_t i = 0; i < span; i++)
+				live += r->slot[g + i].state == CVM_SLOT_MAPPED;
+			if (chunk_unmap(r, g) == CUVMM_OK)
+				cvm_acct_live(&r->acct, -(int64_t)(live << r->gshift));
+		}
+		g += span;
+	}
+	while (r->fences) {
+		struct cvm_fence *f = r->fences;
+
+		r->fences = f->next;
+		cvm_region_fence_drop_locked(r, f);
+	}
+	pthread_mutex_unlock(&r->lock);
+	for (size_t i = 0; i < r->nspare; i++)
+		cvm_drv_event_destroy(d, r->dev->index, r->spare_ev[i]);
+	if (cvm_drv_unreserve(d, r->dev->index, r->base, r->size))
+		cvm_err("freeing %zu bytes of address space at %p failed", r->size, (void *)r->base);
+	cvm_acct_reserved(&r->acct, -(int64_t)r->size);
+	pthread_mutex_destroy(&r->lock);
+	free(r->slot);
+	free(r->spare_ev);
+}
+
+/* ----- public API ----- */
+
+static void region_client_destroy(struct cvm_client *c)
+{
+	cuvmm_region_destroy((struct cuvmm_region *)c);
+}
+
+int cuvmm_region_create(struct cuvmm_ctx *ctx, int device, size_t max_bytes, struct cuvmm_region **out)
+{
+	struct cuvmm_region *r;
+	int err;
+
+	if (!ctx || !out || max_bytes == 0)
+		return CUVMM_EINVAL;
+	r = malloc(sizeof(*r));
+	if (!r)
+		return CUVMM_ENOMEM;
+	err = cvm_region_init(r, ctx, device, max_bytes);
+	if (err) {
+		free(r);
+		return err;
+	}
+	r->client.destroy = region_client_destroy;
+	cvm_ctx_add_client(ctx, &r->client);
+	*out = r;
+	return CUVMM_OK;
+}
+
+void cuvmm_region_destroy(struct cuvmm_region *r)
+{
+	if (!r)
+		return;
+	cvm_ctx_remove_client(r->ctx, &r->client);
+	cvm_region_fini(r);
+	free(r);
+}
+
+void *cuvmm_region_base(const struct cuvmm_region *r)
+{
+	return r ? (void *)r->base : NULL;
+}
+
+size_t cuvmm_region_size(const struct cuvmm_region *r)
+{
+	return r ? r->size : 0;
+}
+
+size_t cuvmm_region_granularity(const struct cuvmm_region *r)
+{
+	return r ? r->gran : 0;
+}
+
+static int check_range(const struct cuvmm_region *r, size_t offset, size_t len)
+{
+	if (!r || len == 0 || (offset & (r->gran - 1)) || (len & (r->gran - 1)))
+		return CUVMM_EINVAL;
+	if (offset > r->size || len > r->size - offset)
+		return CUVMM_EINVAL;
+	return CUVMM_OK;
+}
+
+int cuvmm_region_map(struct cuvmm_region *r, size_t offset, size_t len)
+{
+	int err = check_range(r, offset, len);
+
+	if (err)
+		return err;
+	pthread_mutex_lock(&r->lock);
+	if (r->sleep) {
+		err = CUVMM_ESTATE;
+	} else {
+		if (r->npending)
+			cvm_region_process_locked(r, cvm_now_ns(), false);
+		err = cvm_region_map_locked(r, offset >> r->gshift, len >> r->gshift, 0);
+	}
+	pthread_mutex_unlock(&r->lock);
+	cvm_ctx_poll(r->ctx);
+	return err;
+}
+
+/*
+ * The shared tail of unmap and resize: with the lock held and `need` granules to unmap, get a fence for
+ * `stream`. A NULL stream means all work on the device: synchronise it without the lock, then the fence is
+ * complete. Returns with the lock held; *f NULL when nothing needs unmapping.
+ */
+static int fence_for(struct cuvmm_region *r, CUstream stream, size_t need, struct cvm_fence **f)
+{
+	int err;
+
+	*f = NULL;
+	if (!need)
+		return CUVMM_OK;
+	if (!stream) {
+		pthread_mutex_unlock(&r->lock);
+		err = cvm_drv_device_sync(CVM_DRV(r->dev), r->dev->index);
+		pthread_mutex_lock(&r->lock);
+		if (err)
+			return err;
+		if (r->sleep)
+			return CUVMM_ESTATE;
+	}
+	return cvm_region_fence_locked(r, stream, f);
+}
+
+static void after_unmap(struct cuvmm_region *r)
+{
+	uint64_t next = cvm_region_process_locked(r, cvm_now_ns(), false);
+
+	pthread_mutex_unlock(&r->lock);
+	if (next != UINT64_MAX)
+		cvm_ctx_kick(r->ctx, next);
+	cvm_ctx_poll(r->ctx);
+}
+
+int cuvmm_region_unmap(struct cuvmm_region *r, size_t offset, size_t len, CUstream stream)
+{
+	struct cvm_fence *f;
+	size_t first, n;
+	int err = check_range(r, offset, len);
+
+	if (err)
+		return err;
+	first = offset >> r->gshift;
+	n = len >> r->gshift;
+	pthread_mutex_lock(&r->lock);
+	if (r->sleep) {
+		pthread_mutex_unlock(&r->lock);
+		return CUVMM_ESTATE;
+	}
+	err = fence_for(r, stream, cvm_region_count_locked(r, first, n, CVM_SLOT_MAPPED), &f);
+	if (err) {
+		pthread_mutex_unlock(&r->lock);
+		return err;
+	}
+	if (f)
+		cvm_region_unmap_locked(r, first, n, f);
+	after_unmap(r);
+	return CUVMM_OK;
+}
+
+int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream)
+{
+	struct cvm_fence *f;
+	size_t keep;
+	int err;
+
+	if (!r || bytes > r->size)
+		return CUVMM_EINVAL;
+	keep = (bytes + r->gran - 1) >> r->gshift;
+	pthread_mutex_lock(&r->lock);
+	if (r->sleep) {
+		pthread_mutex_unlock(&r->lock);
+		return CUVMM_ESTATE;
+	}
+	if (r->npending)
+		cvm_region_process_locked(r, cvm_now_ns(), false);
+	err = fence_for(r, stream, cvm_region_count_locked(r, keep, r->npages - keep, CVM_SLOT_MAPPED), &f);
+	if (!err && keep)
+		err = cvm_region_map_locked(r, 0, keep, 0);
+	if (err) {
+		cvm_region_fence_drop_locked(r, f);
+		pthread_mutex_unlock(&r->lock);
+		return err;
+	}
+	if (f)
+		cvm_region_unmap_locked(r, keep, r->npages - keep, f);
+	after_unmap(r);
+	return CUVMM_OK;
+}
+
+int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out)
+{
+	if (!r || cvm_stats_check(out))
+		return CUVMM_EINVAL;
+	cvm_acct_fill(&r->acct, &r->cnt, out);
+	return CUVMM_OK;
+}

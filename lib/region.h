@@ -1,0 +1,87 @@
+/*
+ * Regions: one reserved address range on one device, mapped granule by granule.
+ *
+ * Each granule of the range has a slot: the chunk mapped there (a chunk of class k covers 2^k granules,
+ * every slot of which points to it) and a state. An unmap does not call the driver at once: it marks the
+ * granules PENDING behind a fence (an event recorded on the caller's stream) and the chunks are unmapped
+ * when the fence has completed, by a later call on the region or by the background thread. A map over a
+ * PENDING granule takes it back as it is, contents and all.
+ *
+ * The internal functions below are for allocators built on regions (pool, kv). "_locked" functions expect
+ * r->lock held.
+ */
+#ifndef CVM_REGION_H
+#define CVM_REGION_H
+
+#include "ctx.h"
+
+enum cvm_slot_state {
+	CVM_SLOT_UNMAPPED = 0,
+	CVM_SLOT_MAPPED,   /* mapped and live */
+	CVM_SLOT_PENDING,  /* mapped, to be unmapped once fence `pend` has completed */
+	CVM_SLOT_DONE,     /* mapped, its fence completed; the chunk is unmapped when all its granules are DONE */
+};
+
+struct cvm_slot {
+	struct cvm_chunk *chunk;
+	uint32_t pend;     /* id of the fence a PENDING granule waits for */
+	uint8_t state;
+};
+
+struct cvm_fence {
+	struct cvm_fence *next;
+	cvm_event ev;      /* NULL once known complete */
+	uint32_t id;
+	size_t first, n;   /* granules it covers (some may have been taken back since) */
+};
+
+struct cvm_sleep; /* sleep.c */
+
+struct cuvmm_region {
+	struct cvm_client client;
+	struct cuvmm_ctx *ctx;
+	struct cvm_dev *dev;
+	pthread_mutex_t lock;
+	uintptr_t base;
+	size_t size;          /* reserved bytes, a multiple of gran */
+	size_t gran;
+	unsigned gshift;      /* log2(gran) */
+	size_t npages;
+	struct cvm_slot *slot;
+	struct cvm_fence *fences;     /* pending unmaps, newest first */
+	cvm_event *spare_ev;          /* events kept for reuse, so an unmap rarely creates one */
+	size_t nspare, spare_cap;
+	uint32_t next_fence_id;
+	size_t npending;              /* granules PENDING or DONE */
+	struct cvm_sleep *sleep;      /* non-NULL while asleep */
+	struct cvm_acct acct;
+	struct cvm_drv_counters cnt;
+};
+
+/* Create a region without registering it as a client (for objects that own one and reclaim it). */
+int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes);
+void cvm_region_fini(struct cuvmm_region *r);
+
+/* Map granules [first, first+n) that are not mapped (UNMAPPED), using chunks of class <= max_cls where a
+ * chunk aligned to its size fits in an unmapped run; PENDING/DONE granules are taken back as MAPPED. All or
+ * nothing. Adds to live the granules that were not MAPPED before when `live` is set. */
+int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
+
+/* Prepare a fence for work on `stream` (NULL: the caller synchronised the device already, so the fence is
+ * complete). Recording fails cleanly: nothing changes. */
+int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_fence **out);
+/* An event from the region's spare list (or a new one), and back. */
+int cvm_region_event_get_locked(struct cuvmm_region *r, cvm_event *ev);
+void cvm_region_event_put_locked(struct cuvmm_region *r, cvm_event ev);
+/* Give back a fence that ended up unused. */
+void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_fence *f);
+/* Mark MAPPED granules of [first, first+n) PENDING behind fence f (which it takes over). Chunks that
+ * straddle the range's ends are unmapped only once all their granules are pending. */
+void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, struct cvm_fence *f);
+/* Unmap whatever pending granules have completed fences. With wait, wait for the fences first (drops and
+ * retakes the lock around the waits). Returns when to look again (ns) or UINT64_MAX. */
+uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wait);
+/* Is any granule of [first, first+n) in the given state? */
+size_t cvm_region_count_locked(struct cuvmm_region *r, size_t first, size_t n, enum cvm_slot_state st);
+
+#endif /* CVM_REGION_H */

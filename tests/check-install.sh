@@ -1,0 +1,49 @@
+#!/bin/sh
+# Usage: check-install.sh BUILDDIR OUTSIDE_C
+# Installs BUILDDIR into a scratch DESTDIR, builds OUTSIDE_C with nothing but what
+# `pkg-config --cflags --libs cuvmm` says about the installed files, and runs it on the host backend.
+set -eu
+
+builddir=$1
+src=$2
+cc_cmd=${CC:-cc}
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cuvmm-install.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT INT TERM
+dest=$tmp/root
+
+${MESON:-meson} install -C "$builddir" --destdir "$dest" --no-rebuild > "$tmp/install.log" 2>&1 || {
+	cat "$tmp/install.log" >&2
+	echo "FAIL: meson install" >&2
+	exit 1
+}
+
+pc=$(find "$dest" -name cuvmm.pc | head -n 1)
+if [ -z "$pc" ]; then
+	echo "FAIL: no cuvmm.pc installed" >&2
+	exit 1
+fi
+pcdir=$(dirname "$pc")
+
+# Relocate the .pc with --define-variable rather than PKG_CONFIG_SYSROOT_DIR: the sysroot would also be
+# prepended to the CUDA include path (-I/usr/local/cuda/include), which is not under the DESTDIR.
+prefix=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=prefix cuvmm)
+pkgconf() {
+	env -u PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_LIBDIR="$pcdir" \
+		pkg-config --define-variable=prefix="$dest$prefix" "$@"
+}
+flags=$(pkgconf --cflags --libs cuvmm)
+libdir=$(pkgconf --variable=libdir cuvmm)
+echo "pkg-config --cflags --libs cuvmm: $flags"
+
+# Only what pkg-config says: no inherited search paths.
+unset CPATH C_INCLUDE_PATH LIBRARY_PATH 2>/dev/null || true
+# shellcheck disable=SC2086
+$cc_cmd -std=c11 -Wall -Wextra -Werror -o "$tmp/outside" "$src" $flags
+
+if readelf -d "$tmp/outside" | grep 'NEEDED' | grep -q 'libcuda\.'; then
+	echo "FAIL: the outside program links libcuda" >&2
+	exit 1
+fi
+
+LD_LIBRARY_PATH=$libdir CUVMM_BACKEND=host "$tmp/outside"

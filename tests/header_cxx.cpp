@@ -1,0 +1,7 @@
+// The public header must compile from C++ (extern "C", no C-only constructs).
+#include <cuvmm.h>
+
+int main()
+{
+	return 0;
+}
