@@ -331,6 +331,118 @@ CUVMM_API int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out
 /** @} */
 
 /**
+ * @defgroup pool Pools: malloc and free over reserved address space
+ * A pool reserves address space once and hands out device memory from it. Physical memory is held only
+ * where live allocations sit, plus free memory kept mapped for fast reuse; that slack is given back once
+ * it has been free for release_delay_ms, or earlier when it exceeds 1/32 of the recent peak of live
+ * bytes. Allocations of up to 1 MiB share granules (size classes with four steps per doubling); larger
+ * ones take whole granules of their own.
+ * @{
+ */
+
+/** Pool configuration. Initialise with cuvmm_pool_config_init(), then change fields. */
+struct cuvmm_pool_config {
+	size_t size;       /**< sizeof(struct cuvmm_pool_config), set by cuvmm_pool_config_init() */
+	int device;        /**< device whose memory the pool hands out; default 0 */
+	size_t max_bytes;  /**< address space to reserve; 0: twice the device's memory (or device_limit_bytes) */
+	const char *name;  /**< for statistics and logs, e.g. "weights", "kv", "activations"; copied */
+};
+
+/**
+ * Fill @p cfg with the defaults.
+ * @param[out] cfg the configuration; NULL is ignored
+ */
+CUVMM_API void cuvmm_pool_config_init(struct cuvmm_pool_config *cfg);
+
+/** Opaque pool. */
+struct cuvmm_pool;
+
+/**
+ * Create a pool.
+ * @param[in] ctx the context
+ * @param[in] cfg configuration; NULL: defaults. Its size field must be set.
+ * @param[out] out the new pool
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or a bad size field; CUVMM_ENODEV for a device out of
+ *         range; CUVMM_ENOSPC when the address space cannot be reserved; CUVMM_ENOMEM when the host is out
+ *         of memory
+ */
+CUVMM_API int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg, struct cuvmm_pool **out);
+
+/**
+ * Destroy a pool and give all its memory back. Allocations still live are freed with a warning.
+ * Synchronises the device first, as memory freed without a stream may still be in use by the GPU.
+ * Not thread-safe with respect to other calls on the same pool.
+ * @param[in] pool the pool; NULL is a no-op
+ */
+CUVMM_API void cuvmm_pool_destroy(struct cuvmm_pool *pool);
+
+/**
+ * Allocate device memory, aligned to at least 256 bytes (allocations above 1 MiB: to the granularity).
+ * Free memory of the pool is reused first (no driver call); new memory is mapped only when none fits.
+ * Memory freed with cuvmm_free_async() is reused here only once its freeing work has completed.
+ * @param[in] pool the pool
+ * @param[in] bytes size; 0 is invalid
+ * @param[out] ptr the device address
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or a zero size; CUVMM_ENOMEM when the device or
+ *         device_limit_bytes is full; CUVMM_ENOSPC when the pool's address space has no room; CUVMM_ESTATE
+ *         when the pool sleeps; CUVMM_EDRIVER on another driver failure
+ */
+CUVMM_API int cuvmm_malloc(struct cuvmm_pool *pool, size_t bytes, void **ptr);
+
+/**
+ * Free memory from cuvmm_malloc() or cuvmm_malloc_async(). Like cudaFree, the caller will not touch the
+ * memory again, and the memory may be handed out again at once by a later allocation; the library never
+ * unmaps it before a device synchronisation that started after this call has completed.
+ * @param[in] pool the pool
+ * @param[in] ptr the address; NULL is a no-op
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL pool or a pointer that is not a live allocation of this pool
+ *         (double free included); CUVMM_ESTATE when the pool sleeps
+ */
+CUVMM_API int cuvmm_free(struct cuvmm_pool *pool, void *ptr);
+
+/**
+ * Allocate in stream order, as cudaMallocAsync: memory freed on @p stream is reusable at once, memory
+ * freed on other streams once the freeing work has completed (checked with events, never by waiting).
+ * @param[in] pool the pool
+ * @param[in] bytes size; 0 is invalid
+ * @param[in] stream the stream the memory will be used on
+ * @param[out] ptr the device address
+ * @return as cuvmm_malloc()
+ */
+CUVMM_API int cuvmm_malloc_async(struct cuvmm_pool *pool, size_t bytes, CUstream stream, void **ptr);
+
+/**
+ * Free in stream order, as cudaFreeAsync: the memory is reusable at once by allocations on @p stream, by
+ * other streams and for unmapping once the work queued on @p stream before this call has completed.
+ * @param[in] pool the pool
+ * @param[in] ptr the address; NULL is a no-op
+ * @param[in] stream the stream whose work may still use the memory; NULL behaves as cuvmm_free()
+ * @return as cuvmm_free(), and CUVMM_EDRIVER if the fence could not be recorded (then nothing changed)
+ */
+CUVMM_API int cuvmm_free_async(struct cuvmm_pool *pool, void *ptr, CUstream stream);
+
+/**
+ * Give the pool's free memory back now, beyond @p keep_bytes of it, and release the device's cached
+ * chunks beyond @p keep_bytes. Synchronises the device first, without holding the pool's lock.
+ * @param[in] pool the pool
+ * @param[in] keep_bytes free memory to keep mapped
+ * @return CUVMM_OK, or CUVMM_EINVAL for a NULL pool
+ */
+CUVMM_API int cuvmm_pool_trim(struct cuvmm_pool *pool, size_t keep_bytes);
+
+/**
+ * Statistics of one pool: reserved is its address space, held and mapped the physical memory mapped in
+ * it (live allocations and free memory kept for reuse), live the bytes handed out (small allocations
+ * count their size class).
+ * @param[in] pool the pool
+ * @param[in,out] out statistics; out->size must be set
+ * @return CUVMM_OK, or CUVMM_EINVAL for a NULL argument or a bad size
+ */
+CUVMM_API int cuvmm_pool_stats(struct cuvmm_pool *pool, struct cuvmm_stats *out);
+
+/** @} */
+
+/**
  * @defgroup fault Fault injection
  * Make chosen driver calls fail, to test error paths (the library's own and the application's). Works on
  * both backends: a failing call is not passed to the driver at all.

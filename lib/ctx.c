@@ -84,6 +84,8 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
 		ctx->dev[i].ctx = ctx;
 		ctx->dev[i].index = i;
+		atomic_init(&ctx->dev[i].epoch, 1);
+		atomic_init(&ctx->dev[i].safe_epoch, 1);
 	}
 	if (ctx->cfg.background_release && ctx->delay_ns != UINT64_MAX && ctx->delay_ns != 0) {
 		if (pthread_create(&ctx->bg, NULL, bg_main, ctx)) {
@@ -201,6 +203,21 @@ int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out)
 	if (!err)
 		*out = dev;
 	return err;
+}
+
+int cvm_dev_sync_epoch(struct cvm_dev *dev)
+{
+	uint64_t e = atomic_fetch_add(&dev->epoch, 1) + 1;
+	uint64_t cur;
+	int err = cvm_drv_device_sync(CVM_DRV(dev), dev->index);
+
+	if (err)
+		return err;
+	/* Racing syncs: keep the highest. */
+	cur = atomic_load(&dev->safe_epoch);
+	while (cur < e && !atomic_compare_exchange_weak(&dev->safe_epoch, &cur, e))
+		;
+	return CUVMM_OK;
 }
 
 void cvm_ctx_add_client(struct cuvmm_ctx *ctx, struct cvm_client *c)

@@ -22,7 +22,17 @@ struct cvm_dev {
 	struct cvm_drv_counters cnt; /* every driver call made for this device */
 	struct cvm_acct acct;        /* every byte on this device */
 	struct cvm_phys phys;
+	/* Device-wide fences for memory freed without a stream: a free is tagged with `epoch`; once a device
+	 * synchronisation that started after the free has returned, safe_epoch exceeds the tag. */
+	_Atomic uint64_t epoch, safe_epoch;
 };
+
+/* Synchronise the device (call with no lock held) and advance safe_epoch past every earlier free. */
+int cvm_dev_sync_epoch(struct cvm_dev *dev);
+static inline bool cvm_dev_epoch_safe(struct cvm_dev *dev, uint64_t tag)
+{
+	return tag < atomic_load_explicit(&dev->safe_epoch, memory_order_acquire);
+}
 
 /*
  * An object that can give memory back (region, pool, kv). reclaim() unmaps what has been free long enough

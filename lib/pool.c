@@ -1,0 +1,1023 @@
+/*
+ * Pools: malloc/free over reserved address space that gives memory back when idle. See pool.h for the
+ * layout. Everything here runs under the pool's lock (p->r.lock) unless a function says otherwise.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "pool.h"
+
+#define CVM_SMALL_LIMIT ((size_t)1 << 20) /* largest small allocation, if the granule allows 4 slots */
+#define CVM_DQ_SCAN 16                    /* small stream frees looked at per allocation */
+
+struct cvm_slab {
+	struct cvm_slab *next, *prev; /* partial list of its class */
+	struct cvm_run *run;
+	uint32_t cls, size, nslots, navail, hint;
+	uint64_t *taken; /* slot not available: live, or freed on a stream and waiting */
+	uint64_t *live;  /* slot handed out and not freed */
+};
+
+struct cvm_dfree {
+	struct cvm_dfree *next;
+	void *ptr;
+	uint32_t cls;
+	CUstream stream;
+	cvm_event ev;
+};
+
+/* ----- size classes of small allocations: 256-byte steps to 1 KiB, then four steps per doubling ----- */
+
+static unsigned small_class(size_t s)
+{
+	unsigned p;
+
+	if (s <= 1024)
+		return (unsigned)((s + 255) / 256) - 1;
+	p = 63 - (unsigned)__builtin_clzll(s - 1); /* s in (2^p, 2^(p+1)] */
+	return 4 + (p - 10) * 4 + (unsigned)((s + ((size_t)1 << (p - 2)) - 1) >> (p - 2)) - 5;
+}
+
+static size_t class_size(unsigned c)
+{
+	if (c < 4)
+		return (size_t)(c + 1) * 256;
+	return (size_t)(5 + (c - 4) % 4) << (10 + (c - 4) / 4 - 2);
+}
+
+/* ----- runs and bins ----- */
+
+static unsigned bin_of(size_t len)
+{
+	unsigned b;
+
+	if (len <= 64)
+		return (unsigned)len - 1;
+	b = 64 + (63 - (unsigned)__builtin_clzll(len)) - 6;
+	return b < CVM_NBINS ? b : CVM_NBINS - 1;
+}
+
+static struct cvm_run_bins *bins_of(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	return run->kind == CVM_RUN_VA ? &p->va : &p->free;
+}
+
+static void bin_insert(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	struct cvm_run_bins *bs = bins_of(p, run);
+	unsigned b = bin_of(run->len);
+
+	run->bin = (uint8_t)b;
+	run->bprev = NULL;
+	run->bnext = bs->head[b];
+	if (run->bnext)
+		run->bnext->bprev = run;
+	bs->head[b] = run;
+	bs->nonempty[b / 64] |= (uint64_t)1 << (b % 64);
+}
+
+static void bin_remove(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	struct cvm_run_bins *bs = bins_of(p, run);
+	unsigned b = run->bin;
+
+	if (run->bprev)
+		run->bprev->bnext = run->bnext;
+	else
+		bs->head[b] = run->bnext;
+	if (run->bnext)
+		run->bnext->bprev = run->bprev;
+	if (!bs->head[b])
+		bs->nonempty[b / 64] &= ~((uint64_t)1 << (b % 64));
+	run->bnext = run->bprev = NULL;
+}
+
+static void list_init(struct cvm_run *h)
+{
+	h->lnext = h->lprev = h;
+}
+
+static void list_append(struct cvm_run *h, struct cvm_run *run)
+{
+	run->lprev = h->lprev;
+	run->lnext = h;
+	h->lprev->lnext = run;
+	h->lprev = run;
+}
+
+static void list_remove(struct cvm_run *run)
+{
+	run->lprev->lnext = run->lnext;
+	run->lnext->lprev = run->lprev;
+	run->lnext = run->lprev = NULL;
+}
+
+static void edges_set(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	p->edge[run->start] = run;
+	p->edge[run->start + run->len - 1] = run;
+}
+
+static void edges_clear(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	p->edge[run->start] = NULL;
+	p->edge[run->start + run->len - 1] = NULL;
+}
+
+static size_t gbytes(struct cuvmm_pool *p, size_t granules)
+{
+	return granules << p->r.gshift;
+}
+
+/* Take a FREE run out of every index (bins, age or pending list, free_bytes); edges stay. */
+static void free_unlink(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	bin_remove(p, run);
+	list_remove(run);
+	p->free_bytes -= gbytes(p, run->len);
+}
+
+/* Put a FREE run into the indexes: pending runs in the pending list, settled ones at the young end of
+ * the age list. */
+static void free_link(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	bin_insert(p, run);
+	list_append(run->ev ? &p->pend : &p->age, run);
+	p->free_bytes += gbytes(p, run->len);
+}
+
+/* Can two FREE runs become one? Settled ones always; pending ones only on the same stream. */
+static bool free_compatible(const struct cvm_run *a, const struct cvm_run *b)
+{
+	if (!a->ev && !b->ev)
+		return true;
+	return a->ev && b->ev && a->stream == b->stream;
+}
+
+/* Merge `run` (already linked, edges set) with its neighbours of the same kind. Returns the survivor. */
+static struct cvm_run *coalesce(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	struct cvm_run *left = run->start ? p->edge[run->start - 1] : NULL;
+	struct cvm_run *right = run->start + run->len < p->r.npages ? p->edge[run->start + run->len] : NULL;
+	struct cvm_run *nb[2] = {left, right};
+
+	for (int i = 0; i < 2; i++) {
+		struct cvm_run *o = nb[i];
+
+		if (!o || o->kind != run->kind)
+			continue;
+		if (run->kind == CVM_RUN_FREE && !free_compatible(run, o))
+			continue;
+		if (run->kind == CVM_RUN_FREE) {
+			free_unlink(p, o);
+			free_unlink(p, run);
+			if (o->epoch > run->epoch)
+				run->epoch = o->epoch;
+			if (o->freed_ns > run->freed_ns)
+				run->freed_ns = o->freed_ns;
+			/* Pending on the same stream: `run` is the newest free, and its event covers the
+			 * neighbour's, which completes first on that stream. */
+			cvm_region_event_put_locked(&p->r, o->ev);
+		} else {
+			bin_remove(p, o);
+			bin_remove(p, run);
+		}
+		edges_clear(p, o);
+		edges_clear(p, run);
+		if (i == 0)
+			run->start = o->start;
+		run->len += o->len;
+		edges_set(p, run);
+		if (run->kind == CVM_RUN_FREE)
+			free_link(p, run);
+		else
+			bin_insert(p, run);
+		free(o);
+	}
+	return run;
+}
+
+/* Split `run` so that its first `k` granules become a new run returned to the caller (edges set, in no
+ * index); the rest stays in `run`, re-indexed. `run` must be out of the indexes (caller unlinked it). A
+ * NULL return means no memory for the bookkeeping. */
+static struct cvm_run *split_front(struct cuvmm_pool *p, struct cvm_run *run, size_t k)
+{
+	struct cvm_run *front;
+
+	if (run->len == k)
+		return run;
+	front = calloc(1, sizeof(*front));
+	if (!front)
+		return NULL;
+	edges_clear(p, run);
+	front->start = run->start;
+	front->len = k;
+	front->kind = run->kind;
+	run->start += k;
+	run->len -= k;
+	edges_set(p, front);
+	edges_set(p, run);
+	return front;
+}
+
+/* ----- finding memory ----- */
+
+/* May an allocation on `stream` (NULL: no stream) take this FREE run now? Settles it if its event is
+ * done. */
+static bool free_usable(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream)
+{
+	int done;
+
+	if (!run->ev)
+		return true;
+	if (stream && run->stream == stream)
+		return true;
+	done = cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, run->ev);
+	return done > 0;
+}
+
+/*
+ * Where may an allocation of k granules end inside this FREE run? Every run boundary is a chunk boundary
+ * (so a large chunk is always wholly inside one allocation or wholly free, and never stranded): if
+ * granule start+k falls inside a large chunk, the allocation extends to that chunk's end, which is allowed
+ * only up to max(1, k/16) granules. Returns the granules to take, or 0 if this run cannot serve k.
+ */
+static size_t cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k)
+{
+	size_t c = run->start + k, ext;
+	struct cvm_chunk *ch;
+
+	if (k > run->len)
+		return 0;
+	if (k == run->len || p->r.slot[c].chunk != p->r.slot[c - 1].chunk)
+		return k;
+	ch = p->r.slot[c - 1].chunk;
+	ext = (((c - 1) | (((size_t)1 << ch->cls) - 1)) + 1) - c;
+	if (ext > (k / 16 > 1 ? k / 16 : 1) || k + ext > run->len)
+		return 0;
+	return k + ext;
+}
+
+/*
+ * Best fit: the run of `bs` that serves k granules with the fewest granules left over, with the granules it
+ * would take in *take. For FREE runs also: usable on `stream` now, and cut at a chunk boundary. Bounded
+ * scans keep it O(1) in practice: exact bins hold equal lengths, and any run of a higher bin fits.
+ */
+static struct cvm_run *best_fit(struct cuvmm_pool *p, struct cvm_run_bins *bs, size_t k, CUstream stream,
+				bool is_free, size_t *take)
+{
+	unsigned b = bin_of(k);
+	struct cvm_run *best = NULL;
+	size_t t, best_t = 0;
+	int scanned = 0;
+
+	for (struct cvm_run *run = bs->head[b]; run && scanned < 64; run = run->bnext, scanned++) {
+		if (run->len < k || (best && run->len >= best->len))
+			continue;
+		t = is_free ? cut_len(p, run, k) : k;
+		if (!t || (is_free && !free_usable(p, run, stream)))
+			continue;
+		best = run;
+		best_t = t;
+		if (run->len == k)
+			break;
+	}
+	if (!best) {
+		for (unsigned w = (b + 1) / 64, bit = (b + 1) % 64; w < CVM_NBINS / 64 && !best; w++, bit = 0) {
+			uint64_t m = bs->nonempty[w] & (~(uint64_t)0 << bit);
+
+			while (m && !best) {
+				unsigned nb = w * 64 + (unsigned)__builtin_ctzll(m);
+
+				m &= m - 1;
+				scanned = 0;
+				for (struct cvm_run *run = bs->head[nb]; run && scanned < 16;
+				     run = run->bnext, scanned++) {
+					t = is_free ? cut_len(p, run, k) : k;
+					if (t && (!is_free || free_usable(p, run, stream))) {
+						best = run;
+						best_t = t;
+						break;
+					}
+				}
+			}
+		}
+	}
+	if (best)
+		*take = best_t;
+	return best;
+}
+
+/* Settle a pending FREE run whose event has completed: it becomes safe to unmap and joins its neighbours. */
+static void settle(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	free_unlink(p, run);
+	cvm_region_event_put_locked(&p->r, run->ev);
+	run->ev = NULL;
+	run->stream = NULL;
+	run->epoch = 0;
+	free_link(p, run);
+	coalesce(p, run);
+}
+
+static void settle_pending(struct cuvmm_pool *p, int max)
+{
+	struct cvm_run *run = p->pend.lnext, *next;
+
+	for (; run != &p->pend && max-- > 0; run = next) {
+		next = run->lnext;
+		if (cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, run->ev) > 0)
+			settle(p, run);
+	}
+}
+
+/* Unmap a FREE run (settled, safe) and turn it into VA. */
+static void free_to_va(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	struct cvm_fence *f;
+
+	/* A NULL stream fence is complete: the caller established safety (epoch or event). */
+	if (cvm_region_fence_locked(&p->r, NULL, &f))
+		return; /* no memory for the fence: leave it mapped, a later pass retries */
+	free_unlink(p, run);
+	cvm_region_unmap_locked(&p->r, run->start, run->len, f);
+	run->kind = CVM_RUN_VA;
+	run->epoch = 0;
+	bin_insert(p, run);
+	coalesce(p, run);
+}
+
+/* Turn a USED or SLAB run into FREE after a free, fenced by `ev` on `stream` or by the device epoch. */
+static void run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream, cvm_event ev)
+{
+	run->kind = CVM_RUN_FREE;
+	run->bytes = 0;
+	run->slab = NULL;
+	run->freed_ns = cvm_now_ns();
+	run->stream = ev ? stream : NULL;
+	run->ev = ev;
+	run->epoch = ev ? 0 : atomic_load(&p->r.dev->epoch);
+	free_link(p, run);
+	coalesce(p, run);
+}
+
+/* The slack allowed before the reclaim pass unmaps FREE memory early: 1/32 of the recent peak of live
+ * bytes, and at least 8 granules, so a pool that cycles one allocation does not churn the driver. */
+static size_t slack_cap(struct cuvmm_pool *p)
+{
+	size_t peak = p->win_peak > p->prev_peak ? p->win_peak : p->prev_peak;
+	size_t cap = peak >> 5, floor = gbytes(p, 8);
+
+	return cap > floor ? cap : floor;
+}
+
+static void live_add(struct cuvmm_pool *p, int64_t delta)
+{
+	p->live += (size_t)delta;
+	if (p->live > p->win_peak)
+		p->win_peak = p->live;
+	cvm_acct_live(&p->pacct, delta);
+}
+
+/* Largest chunk class for a fresh allocation of k granules: as large as the allocation allows (the
+ * driver's cost is per handle), at most 2^CVM_POOL_MAX_CLS granules. */
+#define CVM_POOL_MAX_CLS 6
+
+static unsigned fresh_cls(size_t k)
+{
+	unsigned cls = 63 - (unsigned)__builtin_clzll(k);
+
+	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
+}
+
+/* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
+ * returns the new run (edges set, in no index). */
+static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
+{
+	unsigned cls = fresh_cls(k);
+	size_t align = (size_t)1 << cls, take, lead;
+	struct cvm_run *va = best_fit(p, &p->va, k + align - 1, NULL, false, &take), *run, *front;
+	int err;
+
+	if (!va) {
+		cls = 0;
+		align = 1;
+		va = best_fit(p, &p->va, k, NULL, false, &take);
+		if (!va)
+			return CUVMM_ENOSPC;
+	}
+	bin_remove(p, va);
+	lead = ((va->start + align - 1) & ~(align - 1)) - va->start;
+	if (lead) {
+		/* The unaligned head stays VA. */
+		front = split_front(p, va, lead);
+		if (!front) {
+			bin_insert(p, va);
+			return CUVMM_ENOMEM;
+		}
+		bin_insert(p, front);
+	}
+	run = split_front(p, va, k);
+	if (!run) {
+		bin_insert(p, va);
+		coalesce(p, va);
+		return CUVMM_ENOMEM;
+	}
+	if (run != va)
+		bin_insert(p, va);
+	err = cvm_region_map_locked(&p->r, run->start, k, cls);
+	if (err) {
+		run->kind = CVM_RUN_VA;
+		bin_insert(p, run);
+		coalesce(p, run);
+		return err;
+	}
+	*out = run;
+	return CUVMM_OK;
+}
+
+/* Unmap every safe FREE run (sync first, without the lock, if some are fenced by the device epoch) and
+ * release the device's cached chunks: the answer to running out of memory. */
+static void drop_slack(struct cuvmm_pool *p)
+{
+	struct cvm_run *run, *next;
+
+	pthread_mutex_unlock(&p->r.lock);
+	cvm_dev_sync_epoch(p->r.dev);
+	pthread_mutex_lock(&p->r.lock);
+	settle_pending(p, INT32_MAX);
+	for (run = p->age.lnext; run != &p->age; run = next) {
+		next = run->lnext;
+		if (cvm_dev_epoch_safe(p->r.dev, run->epoch))
+			free_to_va(p, run);
+	}
+	cvm_region_process_locked(&p->r, cvm_now_ns(), false);
+	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, 0);
+}
+
+/* A run of k granules for a large allocation or a slab, from FREE memory if possible. */
+static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
+{
+	size_t take;
+	struct cvm_run *run = best_fit(p, &p->free, k, stream, true, &take), *front;
+	int err;
+
+	if (run) {
+		free_unlink(p, run);
+		front = split_front(p, run, take);
+		if (!front) {
+			free_link(p, run);
+			return CUVMM_ENOMEM;
+		}
+		if (front != run) {
+			free_link(p, run); /* the rest stays FREE, with its fence */
+		} else {
+			cvm_region_event_put_locked(&p->r, run->ev);
+		}
+		front->ev = NULL;
+		front->stream = NULL;
+		*out = front;
+		return CUVMM_OK;
+	}
+	err = map_fresh(p, k, out);
+	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
+		drop_slack(p);
+		err = map_fresh(p, k, out);
+	}
+	return err;
+}
+
+/* ----- small allocations ----- */
+
+static void partial_insert(struct cuvmm_pool *p, struct cvm_slab *s)
+{
+	s->prev = NULL;
+	s->next = p->partial[s->cls];
+	if (s->next)
+		s->next->prev = s;
+	p->partial[s->cls] = s;
+}
+
+static void partial_remove(struct cuvmm_pool *p, struct cvm_slab *s)
+{
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		p->partial[s->cls] = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	s->next = s->prev = NULL;
+}
+
+static int slab_new(struct cuvmm_pool *p, unsigned cls, CUstream stream, struct cvm_slab **out)
+{
+	size_t size = class_size(cls), nslots = p->r.gran / size, words = (nslots + 63) / 64;
+	struct cvm_slab *s = calloc(1, sizeof(*s) + 2 * words * sizeof(uint64_t));
+	struct cvm_run *run;
+	int err;
+
+	if (!s)
+		return CUVMM_ENOMEM;
+	err = get_run(p, 1, stream, &run);
+	if (err) {
+		free(s);
+		return err;
+	}
+	s->taken = (uint64_t *)(s + 1);
+	s->live = s->taken + words;
+	s->cls = cls;
+	s->size = (uint32_t)size;
+	s->nslots = (uint32_t)nslots;
+	s->navail = (uint32_t)nslots;
+	s->run = run;
+	run->kind = CVM_RUN_SLAB;
+	run->slab = s;
+	partial_insert(p, s);
+	*out = s;
+	return CUVMM_OK;
+}
+
+static void *slab_take(struct cuvmm_pool *p, struct cvm_slab *s)
+{
+	uint32_t words = (s->nslots + 63) / 64;
+
+	for (uint32_t i = 0; i < words; i++) {
+		uint32_t w = (s->hint + i) % words;
+		uint64_t freebits = ~s->taken[w];
+		uint32_t bit;
+
+		if (w == words - 1 && s->nslots % 64)
+			freebits &= ((uint64_t)1 << (s->nslots % 64)) - 1;
+		if (!freebits)
+			continue;
+		bit = (uint32_t)__builtin_ctzll(freebits);
+		s->taken[w] |= (uint64_t)1 << bit;
+		s->live[w] |= (uint64_t)1 << bit;
+		s->hint = w;
+		if (--s->navail == 0)
+			partial_remove(p, s);
+		return (void *)(p->r.base + (s->run->start << p->r.gshift) + (size_t)(w * 64 + bit) * s->size);
+	}
+	return NULL; /* not reached: navail said there was a slot */
+}
+
+/* Make a taken slot available again; an empty slab gives its granule back as FREE memory. */
+static void slab_put(struct cuvmm_pool *p, struct cvm_slab *s, uint32_t slot)
+{
+	s->taken[slot / 64] &= ~((uint64_t)1 << (slot % 64));
+	if (s->navail++ == 0)
+		partial_insert(p, s);
+	if (s->navail == s->nslots) {
+		struct cvm_run *run = s->run;
+
+		partial_remove(p, s);
+		free(s);
+		run_release(p, run, NULL, NULL);
+	}
+}
+
+static void dq_remove(struct cuvmm_pool *p, struct cvm_dfree *prev, struct cvm_dfree *d)
+{
+	if (prev)
+		prev->next = d->next;
+	else
+		p->dq_head = d->next;
+	if (p->dq_tail == d)
+		p->dq_tail = prev;
+	p->ndq--;
+}
+
+/* The slab and slot of a pointer into a SLAB run, or NULL. */
+static struct cvm_slab *slab_of(struct cuvmm_pool *p, uintptr_t a, uint32_t *slot)
+{
+	size_t g = (a - p->r.base) >> p->r.gshift;
+	struct cvm_run *run = p->edge[g];
+	size_t off;
+
+	if (!run || run->kind != CVM_RUN_SLAB || run->start != g)
+		return NULL;
+	off = a - (p->r.base + (g << p->r.gshift));
+	if (off % run->slab->size)
+		return NULL;
+	*slot = (uint32_t)(off / run->slab->size);
+	return *slot < run->slab->nslots ? run->slab : NULL;
+}
+
+/* Complete small stream frees whose events are done (oldest first, at most `max` looked at). */
+static void dq_drain(struct cuvmm_pool *p, int max)
+{
+	struct cvm_dfree *prev = NULL, *d = p->dq_head, *next;
+
+	for (; d && max-- > 0; d = next) {
+		uint32_t slot;
+		struct cvm_slab *s;
+
+		next = d->next;
+		if (cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, d->ev) <= 0) {
+			prev = d;
+			continue;
+		}
+		dq_remove(p, prev, d);
+		s = slab_of(p, (uintptr_t)d->ptr, &slot);
+		slab_put(p, s, slot);
+		cvm_region_event_put_locked(&p->r, d->ev);
+		free(d);
+	}
+}
+
+static int small_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr)
+{
+	unsigned cls = small_class(bytes);
+	struct cvm_dfree *prev = NULL, *d = p->dq_head;
+	struct cvm_slab *s;
+	int err, n = 0;
+
+	/* Stream-ordered reuse: a slot freed on this very stream is ready for it now. */
+	for (; stream && d && n < CVM_DQ_SCAN; prev = d, d = d->next, n++) {
+		uint32_t slot;
+
+		if (d->stream != stream || d->cls != cls)
+			continue;
+		dq_remove(p, prev, d);
+		s = slab_of(p, (uintptr_t)d->ptr, &slot);
+		s->live[slot / 64] |= (uint64_t)1 << (slot % 64);
+		*ptr = d->ptr;
+		cvm_region_event_put_locked(&p->r, d->ev);
+		free(d);
+		live_add(p, (int64_t)class_size(cls));
+		return CUVMM_OK;
+	}
+	s = p->partial[cls];
+	if (!s) {
+		err = slab_new(p, cls, stream, &s);
+		if (err)
+			return err;
+	}
+	*ptr = slab_take(p, s);
+	live_add(p, (int64_t)class_size(cls));
+	return CUVMM_OK;
+}
+
+/* ----- public API ----- */
+
+void cuvmm_pool_config_init(struct cuvmm_pool_config *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = sizeof(*cfg);
+}
+
+static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force);
+
+static void pool_client_destroy(struct cvm_client *c)
+{
+	cuvmm_pool_destroy((struct cuvmm_pool *)c);
+}
+
+static const struct cvm_client_ops pool_ops = {.reclaim = pool_reclaim, .kind = "pool"};
+
+int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg, struct cuvmm_pool **out)
+{
+	struct cuvmm_pool_config defaults;
+	struct cuvmm_pool *p;
+	struct cvm_dev *dev;
+	struct cvm_run *va;
+	size_t max;
+	int err;
+
+	if (!ctx || !out)
+		return CUVMM_EINVAL;
+	if (!cfg) {
+		cuvmm_pool_config_init(&defaults);
+		cfg = &defaults;
+	}
+	if (cfg->size < sizeof(*cfg))
+		return CUVMM_EINVAL;
+	err = cvm_ctx_dev(ctx, cfg->device, &dev);
+	if (err)
+		return err;
+	max = cfg->max_bytes;
+	if (!max) {
+		/* Address space is plentiful: twice the memory a pool could ever hold, so fragmentation of
+		 * address space never runs it out before physical memory does. */
+		max = dev->phys.limit < (SIZE_MAX >> 2) ? 2 * dev->phys.limit : dev->phys.limit;
+		if (max < ((size_t)1 << 30))
+			max = (size_t)1 << 30;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return CUVMM_ENOMEM;
+	err = cvm_region_init(&p->r, ctx, cfg->device, max);
+	if (err) {
+		free(p);
+		return err;
+	}
+	p->r.acct.live_private = true;
+	p->pacct.parent = &dev->acct;
+	snprintf(p->name, sizeof(p->name), "%s", cfg->name ? cfg->name : "pool");
+	p->edge = calloc(p->r.npages, sizeof(*p->edge));
+	va = calloc(1, sizeof(*va));
+	if (!p->edge || !va) {
+		free(va);
+		free(p->edge);
+		cvm_region_fini(&p->r);
+		free(p);
+		return CUVMM_ENOMEM;
+	}
+	list_init(&p->age);
+	list_init(&p->pend);
+	va->start = 0;
+	va->len = p->r.npages;
+	va->kind = CVM_RUN_VA;
+	edges_set(p, va);
+	bin_insert(p, va);
+	p->small_max = p->r.gran / 4 < CVM_SMALL_LIMIT ? p->r.gran / 4 : CVM_SMALL_LIMIT;
+	if (p->small_max < 256)
+		p->small_max = 0;
+	p->nsmall = p->small_max ? small_class(p->small_max) + 1 : 0;
+	p->win_start = cvm_now_ns();
+	p->client.ops = &pool_ops;
+	p->client.dev = dev;
+	p->client.destroy = pool_client_destroy;
+	cvm_ctx_add_client(ctx, &p->client);
+	*out = p;
+	return CUVMM_OK;
+}
+
+void cuvmm_pool_destroy(struct cuvmm_pool *p)
+{
+	if (!p)
+		return;
+	cvm_ctx_remove_client(p->r.ctx, &p->client);
+	pthread_mutex_lock(&p->r.lock);
+	if (p->live)
+		cvm_warn("pool \"%s\" destroyed with %zu bytes still allocated", p->name, p->live);
+	cvm_acct_live(&p->pacct, -(int64_t)p->live);
+	while (p->dq_head) {
+		struct cvm_dfree *d = p->dq_head;
+
+		p->dq_head = d->next;
+		cvm_region_event_put_locked(&p->r, d->ev);
+		free(d);
+	}
+	for (size_t g = 0; g < p->r.npages;) {
+		struct cvm_run *run = p->edge[g];
+		size_t len = run->len;
+
+		if (run->kind == CVM_RUN_SLAB)
+			free(run->slab);
+		cvm_region_event_put_locked(&p->r, run->ev);
+		free(run);
+		g += len;
+	}
+	pthread_mutex_unlock(&p->r.lock);
+	/* Whatever was freed without a stream may still be in use by the GPU until the device is idle. */
+	cvm_drv_device_sync(CVM_DRV(p->r.dev), p->r.dev->index);
+	cvm_region_fini(&p->r);
+	free(p->edge);
+	free(p);
+}
+
+static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr)
+{
+	struct cvm_run *run;
+	size_t k;
+	int err;
+
+	if (!p || !ptr || bytes == 0 || bytes > p->r.size)
+		return bytes > 0 && p && ptr ? CUVMM_ENOSPC : CUVMM_EINVAL;
+	pthread_mutex_lock(&p->r.lock);
+	if (p->sleep) {
+		err = CUVMM_ESTATE;
+		goto out;
+	}
+	if (p->ndq)
+		dq_drain(p, 4);
+	if (p->pend.lnext != &p->pend)
+		settle_pending(p, 4);
+	if (bytes <= p->small_max) {
+		err = small_alloc(p, bytes, stream, ptr);
+		goto out;
+	}
+	k = (bytes + p->r.gran - 1) >> p->r.gshift;
+	err = get_run(p, k, stream, &run);
+	if (err)
+		goto out;
+	run->kind = CVM_RUN_USED;
+	run->bytes = bytes;
+	live_add(p, (int64_t)bytes);
+	*ptr = (void *)(p->r.base + (run->start << p->r.gshift));
+out:
+	pthread_mutex_unlock(&p->r.lock);
+	cvm_ctx_poll(p->r.ctx);
+	return err;
+}
+
+int cuvmm_malloc(struct cuvmm_pool *p, size_t bytes, void **ptr)
+{
+	return pool_malloc(p, bytes, NULL, ptr);
+}
+
+int cuvmm_malloc_async(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr)
+{
+	return pool_malloc(p, bytes, stream, ptr);
+}
+
+static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool async)
+{
+	uintptr_t a = (uintptr_t)ptr;
+	struct cvm_run *run;
+	struct cvm_slab *s;
+	cvm_event ev = NULL;
+	uint32_t slot;
+	size_t g;
+	int err = CUVMM_OK;
+	bool kick;
+
+	if (!p)
+		return CUVMM_EINVAL;
+	if (!ptr)
+		return CUVMM_OK;
+	if (a < p->r.base || a >= p->r.base + p->r.size || (a & 255))
+		return CUVMM_EINVAL;
+	g = (a - p->r.base) >> p->r.gshift;
+	pthread_mutex_lock(&p->r.lock);
+	if (p->sleep) {
+		err = CUVMM_ESTATE;
+		goto out;
+	}
+	run = p->edge[g];
+	s = run && run->kind == CVM_RUN_SLAB ? slab_of(p, a, &slot) : NULL;
+	if (s ? !(s->live[slot / 64] & ((uint64_t)1 << (slot % 64)))
+	      : (!run || run->kind != CVM_RUN_USED || run->start != g || (a & (p->r.gran - 1)))) {
+		err = CUVMM_EINVAL; /* not an allocation of this pool, or freed already */
+		goto out;
+	}
+	if (async && stream) {
+		/* Fence the free on the stream; on failure nothing has changed yet. */
+		err = cvm_region_event_get_locked(&p->r, &ev);
+		if (!err) {
+			err = cvm_drv_event_record(CVM_DRV(p->r.dev), p->r.dev->index, ev, stream);
+			if (err)
+				cvm_region_event_put_locked(&p->r, ev);
+		}
+		if (err)
+			goto out;
+	}
+	if (s) {
+		s->live[slot / 64] &= ~((uint64_t)1 << (slot % 64));
+		live_add(p, -(int64_t)s->size);
+		if (ev) {
+			struct cvm_dfree *d = malloc(sizeof(*d));
+
+			if (!d) {
+				/* No memory to remember the fence: wait for it instead. */
+				cvm_drv_event_sync(CVM_DRV(p->r.dev), p->r.dev->index, ev);
+				cvm_region_event_put_locked(&p->r, ev);
+				slab_put(p, s, slot);
+			} else {
+				d->next = NULL;
+				d->ptr = ptr;
+				d->cls = s->cls;
+				d->stream = stream;
+				d->ev = ev;
+				if (p->dq_tail)
+					p->dq_tail->next = d;
+				else
+					p->dq_head = d;
+				p->dq_tail = d;
+				p->ndq++;
+			}
+		} else {
+			slab_put(p, s, slot);
+		}
+	} else {
+		live_add(p, -(int64_t)run->bytes);
+		run_release(p, run, stream, ev);
+	}
+out:
+	kick = !err && p->free_bytes > slack_cap(p);
+	pthread_mutex_unlock(&p->r.lock);
+	if (kick)
+		cvm_ctx_kick(p->r.ctx, cvm_now_ns());
+	else if (!err && p->r.ctx->delay_ns != UINT64_MAX)
+		cvm_ctx_kick(p->r.ctx, cvm_now_ns() + p->r.ctx->delay_ns);
+	cvm_ctx_poll(p->r.ctx);
+	return err;
+}
+
+int cuvmm_free(struct cuvmm_pool *p, void *ptr)
+{
+	return pool_free(p, ptr, NULL, false);
+}
+
+int cuvmm_free_async(struct cuvmm_pool *p, void *ptr, CUstream stream)
+{
+	return pool_free(p, ptr, stream, true);
+}
+
+/*
+ * The reclaim pass: settle stream frees whose work has completed, then unmap FREE runs that have been
+ * free for the release delay (all of them, with force), and the oldest ones while the slack exceeds its
+ * cap. Runs fenced by the device epoch need a device synchronisation first, done without the lock.
+ * Returns when the next run expires.
+ */
+static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, size_t keep)
+{
+	struct cuvmm_ctx *ctx = p->r.ctx;
+	struct cvm_run *run, *next;
+	uint64_t deadline = UINT64_MAX;
+	bool want_sync = false, synced = false;
+	size_t cap;
+
+	if (now - p->win_start > (ctx->delay_ns < 100000000u ? 100000000u : ctx->delay_ns)) {
+		p->prev_peak = p->win_peak;
+		p->win_peak = p->live;
+		p->win_start = now;
+	}
+again:
+	if (p->ndq)
+		dq_drain(p, INT32_MAX);
+	settle_pending(p, INT32_MAX);
+	cap = slack_cap(p);
+	for (run = p->age.lnext; run != &p->age; run = next) {
+		next = run->lnext;
+		if (force) {
+			if (p->free_bytes - gbytes(p, run->len) < keep)
+				break;
+		} else if (p->free_bytes <= cap &&
+			   (ctx->delay_ns == UINT64_MAX || now - run->freed_ns < ctx->delay_ns)) {
+			if (ctx->delay_ns != UINT64_MAX)
+				deadline = run->freed_ns + ctx->delay_ns;
+			break;
+		}
+		if (!cvm_dev_epoch_safe(p->r.dev, run->epoch)) {
+			want_sync = true;
+			continue;
+		}
+		free_to_va(p, run);
+	}
+	if (want_sync && !synced) {
+		int err;
+
+		pthread_mutex_unlock(&p->r.lock);
+		err = cvm_dev_sync_epoch(p->r.dev);
+		pthread_mutex_lock(&p->r.lock);
+		synced = true;
+		if (!err)
+			goto again;
+		cvm_err("pool \"%s\": synchronising the device to release memory failed: %s", p->name,
+			cuvmm_strerror(err));
+	}
+	if (p->ndq || p->pend.lnext != &p->pend)
+		deadline = deadline < now + CVM_FENCE_POLL_NS ? deadline : now + CVM_FENCE_POLL_NS;
+	if (p->r.npending) {
+		uint64_t t = cvm_region_process_locked(&p->r, now, force);
+
+		if (t < deadline)
+			deadline = t;
+	}
+	return deadline;
+}
+
+static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
+{
+	struct cuvmm_pool *p = (struct cuvmm_pool *)c;
+	uint64_t next;
+
+	if (force)
+		pthread_mutex_lock(&p->r.lock);
+	else if (pthread_mutex_trylock(&p->r.lock))
+		return now + CVM_FENCE_POLL_NS;
+	next = p->sleep ? UINT64_MAX : reclaim_locked(p, now, force, 0);
+	pthread_mutex_unlock(&p->r.lock);
+	return next;
+}
+
+int cuvmm_pool_trim(struct cuvmm_pool *p, size_t keep_bytes)
+{
+	if (!p)
+		return CUVMM_EINVAL;
+	/* Stream frees first: wait for all work, so that every fence is complete. */
+	if (cvm_dev_sync_epoch(p->r.dev) == CUVMM_OK) {
+		pthread_mutex_lock(&p->r.lock);
+		if (!p->sleep)
+			reclaim_locked(p, cvm_now_ns(), true, keep_bytes);
+		pthread_mutex_unlock(&p->r.lock);
+	}
+	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, keep_bytes);
+	return CUVMM_OK;
+}
+
+int cuvmm_pool_stats(struct cuvmm_pool *p, struct cuvmm_stats *out)
+{
+	if (!p || cvm_stats_check(out))
+		return CUVMM_EINVAL;
+	cvm_acct_fill(&p->r.acct, &p->r.cnt, out);
+	out->live_bytes = atomic_load(&p->pacct.live);
+	out->peak_live_bytes = atomic_load(&p->pacct.peak_live);
+	return CUVMM_OK;
+}

@@ -1,0 +1,72 @@
+/*
+ * Pools: malloc and free over one region.
+ *
+ * The region's granules are divided into runs, each of one kind:
+ *   VA    free address space, not mapped;
+ *   FREE  free and mapped: physical memory kept for reuse (the pool's slack);
+ *   USED  one large allocation (granule-aligned, ceil(bytes / granularity) granules);
+ *   SLAB  one granule cut into equal slots for small allocations of one size class.
+ * Runs carry boundary tags (edge[] at their first and last granule) so that neighbours coalesce in O(1);
+ * VA and FREE runs sit in size bins for best fit. Allocation takes FREE memory first (no driver call),
+ * and maps VA only when no FREE run fits. FREE memory goes back to VA (unmapped) when it has been free for
+ * release_delay_ms, or at once when the slack exceeds a small fraction of the recent peak of live bytes,
+ * always by the reclaim pass (background thread), never on the allocating thread.
+ *
+ * Frees without a stream are fenced device-wide (epoch tags, see ctx.h); frees on a stream carry an
+ * event and are reusable at once on that stream, on others once the event has completed.
+ */
+#ifndef CVM_POOL_H
+#define CVM_POOL_H
+
+#include "region.h"
+
+enum cvm_run_kind { CVM_RUN_VA = 0, CVM_RUN_FREE, CVM_RUN_USED, CVM_RUN_SLAB };
+
+struct cvm_slab;
+
+struct cvm_run {
+	size_t start, len;           /* granules */
+	uint8_t kind;
+	uint8_t bin;                 /* VA/FREE: the bin it is in */
+	size_t bytes;                /* USED: bytes handed out */
+	uint64_t freed_ns;           /* FREE: when it was last freed */
+	uint64_t epoch;              /* FREE: device epoch of a stream-less free; 0 when known safe */
+	CUstream stream;             /* FREE: freed on this stream, ev not yet complete */
+	cvm_event ev;                /* FREE: completes with the work that freed it; NULL once settled */
+	struct cvm_run *bnext, *bprev; /* VA/FREE: bin list */
+	struct cvm_run *lnext, *lprev; /* FREE: age list (settled runs, oldest first) or pending list */
+	struct cvm_slab *slab;       /* SLAB */
+};
+
+#define CVM_NBINS 128
+#define CVM_NSMALL 48 /* size classes of small allocations */
+
+struct cvm_run_bins {
+	struct cvm_run *head[CVM_NBINS];
+	uint64_t nonempty[CVM_NBINS / 64];
+};
+
+struct cvm_dfree; /* a small allocation freed on a stream, waiting for its event */
+
+struct cuvmm_pool {
+	struct cvm_client client;
+	struct cuvmm_region r;         /* r.lock is the pool's lock */
+	char name[32];
+	struct cvm_run **edge;         /* per granule: the run it starts or ends, else NULL */
+	struct cvm_run_bins va, free;
+	struct cvm_run age;            /* settled FREE runs, oldest first (sentinel) */
+	struct cvm_run pend;           /* FREE runs with an event pending (sentinel) */
+	size_t free_bytes;             /* bytes in FREE runs */
+	size_t small_max;              /* largest size served from slabs */
+	unsigned nsmall;               /* size classes in use */
+	struct cvm_slab *partial[CVM_NSMALL]; /* slabs with a free slot, per class */
+	struct cvm_dfree *dq_head, *dq_tail;   /* small frees on streams, oldest first */
+	size_t ndq;
+	size_t live;                   /* bytes handed out (under the lock; pacct mirrors it) */
+	size_t win_peak, prev_peak;    /* peak of live in this and the previous window, for the slack cap */
+	uint64_t win_start;
+	struct cvm_acct pacct;         /* live bytes of the pool, feeding the device's */
+	struct cvm_sleep *sleep;       /* non-NULL while asleep */
+};
+
+#endif /* CVM_POOL_H */
