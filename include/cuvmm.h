@@ -443,6 +443,67 @@ CUVMM_API int cuvmm_pool_stats(struct cuvmm_pool *pool, struct cuvmm_stats *out)
 /** @} */
 
 /**
+ * @defgroup sleep Sleep and wake
+ * Give all physical memory of a region or pool back while keeping its addresses reserved, so pointers,
+ * and CUDA graphs captured on them, stay valid; wake maps the same addresses again. While an object
+ * sleeps, calls on it other than wake, stats and destroy fail with CUVMM_ESTATE; its live_bytes keep
+ * counting what wake will bring back, its held and mapped bytes are 0.
+ * @{
+ */
+
+/** What happens to the contents. */
+enum cuvmm_sleep_mode {
+	CUVMM_SLEEP_OFFLOAD = 0, /**< copy the mapped contents to pinned host memory first; wake restores them */
+	CUVMM_SLEEP_DISCARD = 1, /**< drop the contents; after wake they are unspecified */
+};
+
+/**
+ * Put a region to sleep: (OFFLOAD) copy its mapped contents to pinned host memory, then unmap them and
+ * release their physical memory to the driver. Returns when the memory has been given back.
+ * On failure the region is awake and intact.
+ * @param[in] r the region
+ * @param[in] mode OFFLOAD or DISCARD
+ * @param[in] stream the work that must complete before the contents are copied or dropped; NULL: all
+ *            work on the device (this synchronises the device)
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL region or an unknown mode; CUVMM_ESTATE if it sleeps already;
+ *         CUVMM_ENOMEM if no pinned host memory could be had; CUVMM_EDRIVER if a copy or unmap failed
+ */
+CUVMM_API int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
+
+/**
+ * Wake a sleeping region: map the same ranges at the same addresses and, after OFFLOAD, copy the contents
+ * back. Returns when the contents are in place. On failure the region stays asleep with its host copy
+ * intact, so wake can be called again; it is never half awake.
+ * @param[in] r the region
+ * @param[in] stream work on it is ordered after the restore; NULL: the legacy default stream
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL region; CUVMM_ESTATE if it is awake; CUVMM_ENOMEM when the
+ *         device or device_limit_bytes is full; CUVMM_EDRIVER on another driver failure
+ */
+CUVMM_API int cuvmm_region_wake(struct cuvmm_region *r, CUstream stream);
+
+/**
+ * Put a pool to sleep: its free memory is given back, and its allocations are treated as a region's
+ * mapped contents (copied with OFFLOAD). Synchronises the device first, since memory freed without a
+ * stream may still be in use. Pointers stay valid for after wake.
+ * @param[in] pool the pool
+ * @param[in] mode OFFLOAD or DISCARD
+ * @param[in] stream as for cuvmm_region_sleep()
+ * @return as cuvmm_region_sleep()
+ */
+CUVMM_API int cuvmm_pool_sleep(struct cuvmm_pool *pool, enum cuvmm_sleep_mode mode, CUstream stream);
+
+/**
+ * Wake a sleeping pool: every allocation is mapped again at its address (with its contents after
+ * OFFLOAD). On failure the pool stays asleep and intact.
+ * @param[in] pool the pool
+ * @param[in] stream as for cuvmm_region_wake()
+ * @return as cuvmm_region_wake()
+ */
+CUVMM_API int cuvmm_pool_wake(struct cuvmm_pool *pool, CUstream stream);
+
+/** @} */
+
+/**
  * @defgroup fault Fault injection
  * Make chosen driver calls fail, to test error paths (the library's own and the application's). Works on
  * both backends: a failing call is not passed to the driver at all.

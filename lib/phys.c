@@ -238,6 +238,11 @@ fail:
 	return err;
 }
 
+void cvm_phys_release(struct cvm_phys *p, struct cvm_chunk *c)
+{
+	chunk_release(p, c);
+}
+
 void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c)
 {
 	struct cuvmm_ctx *ctx = p->dev->ctx;

@@ -75,6 +75,8 @@ void cvm_phys_fini(struct cvm_phys *p);
 int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt, struct cvm_chunk **out);
 /* Return a chunk (unmapped) to the cache; with release_delay_ms == 0 it is released beyond retain_bytes. */
 void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c);
+/* Release a chunk (unmapped, not in the cache) to the driver now, bypassing the cache (sleep). */
+void cvm_phys_release(struct cvm_phys *p, struct cvm_chunk *c);
 /*
  * Release cached chunks: with force, all beyond keep_bytes; else those free for release_delay_ms, beyond
  * retain_bytes. Never blocks on the mutex unless force. Returns the time (ns) the next cached chunk

@@ -790,7 +790,7 @@ static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 	if (!p || !ptr || bytes == 0 || bytes > p->r.size)
 		return bytes > 0 && p && ptr ? CUVMM_ENOSPC : CUVMM_EINVAL;
 	pthread_mutex_lock(&p->r.lock);
-	if (p->sleep) {
+	if (p->r.sleep) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -845,7 +845,7 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		return CUVMM_EINVAL;
 	g = (a - p->r.base) >> p->r.gshift;
 	pthread_mutex_lock(&p->r.lock);
-	if (p->sleep) {
+	if (p->r.sleep) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -992,7 +992,7 @@ static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 		pthread_mutex_lock(&p->r.lock);
 	else if (pthread_mutex_trylock(&p->r.lock))
 		return now + CVM_FENCE_POLL_NS;
-	next = p->sleep ? UINT64_MAX : reclaim_locked(p, now, force, 0);
+	next = p->r.sleep ? UINT64_MAX : reclaim_locked(p, now, force, 0);
 	pthread_mutex_unlock(&p->r.lock);
 	return next;
 }
@@ -1004,7 +1004,7 @@ int cuvmm_pool_trim(struct cuvmm_pool *p, size_t keep_bytes)
 	/* Stream frees first: wait for all work, so that every fence is complete. */
 	if (cvm_dev_sync_epoch(p->r.dev) == CUVMM_OK) {
 		pthread_mutex_lock(&p->r.lock);
-		if (!p->sleep)
+		if (!p->r.sleep)
 			reclaim_locked(p, cvm_now_ns(), true, keep_bytes);
 		pthread_mutex_unlock(&p->r.lock);
 	}
@@ -1020,4 +1020,56 @@ int cuvmm_pool_stats(struct cuvmm_pool *p, struct cuvmm_stats *out)
 	out->live_bytes = atomic_load(&p->pacct.live);
 	out->peak_live_bytes = atomic_load(&p->pacct.peak_live);
 	return CUVMM_OK;
+}
+
+/*
+ * Sleep: synchronise the device (memory freed without a stream may still be in use, and stream frees
+ * settle), give the free memory back, then sleep the region under the allocations. The lock is held
+ * throughout: the pool is unusable while it goes to sleep anyway.
+ */
+int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream stream)
+{
+	struct cvm_run *run, *next;
+	int err;
+
+	if (!p || (mode != CUVMM_SLEEP_OFFLOAD && mode != CUVMM_SLEEP_DISCARD))
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&p->r.lock);
+	if (p->r.sleep) {
+		err = CUVMM_ESTATE;
+		goto out;
+	}
+	err = cvm_dev_sync_epoch(p->r.dev);
+	if (err)
+		goto out;
+	dq_drain(p, INT32_MAX);
+	settle_pending(p, INT32_MAX);
+	for (run = p->age.lnext; run != &p->age; run = next) {
+		next = run->lnext;
+		free_to_va(p, run);
+	}
+	if (p->r.npending)
+		cvm_region_process_locked(&p->r, cvm_now_ns(), false);
+	if (p->ndq || p->pend.lnext != &p->pend || p->free_bytes || p->r.npending) {
+		err = CUVMM_EBUSY; /* work submitted meanwhile, or an unmap the driver refused */
+		goto out;
+	}
+	err = cvm_region_sleep_locked(&p->r, mode, stream);
+out:
+	pthread_mutex_unlock(&p->r.lock);
+	if (!err)
+		cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, p->r.ctx->cfg.retain_bytes);
+	return err;
+}
+
+int cuvmm_pool_wake(struct cuvmm_pool *p, CUstream stream)
+{
+	int err;
+
+	if (!p)
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&p->r.lock);
+	err = cvm_region_wake_locked(&p->r, stream);
+	pthread_mutex_unlock(&p->r.lock);
+	return err;
 }

@@ -66,7 +66,6 @@ struct cuvmm_pool {
 	size_t win_peak, prev_peak;    /* peak of live in this and the previous window, for the slack cap */
 	uint64_t win_start;
 	struct cvm_acct pacct;         /* live bytes of the pool, feeding the device's */
-	struct cvm_sleep *sleep;       /* non-NULL while asleep */
 };
 
 #endif /* CVM_POOL_H */

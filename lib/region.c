@@ -83,15 +83,13 @@ static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uin
 	}
 }
 
-/* Unmap one chunk whose first granule is g, and hand it back to the device. On failure the chunk stays
- * mapped and its granules DONE, to be retried by a later pass. */
-static int chunk_unmap(struct cuvmm_region *r, size_t g)
+int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk **keep)
 {
 	struct cvm_chunk *c = r->slot[g].chunk;
 	int err = cvm_drv_unmap(CVM_DRV(r->dev), &r->cnt, r->dev->index, (uintptr_t)slot_va(r, g), c->size);
 
 	if (err) {
-		cvm_err("unmapping %zu bytes at %p failed: %s (CUresult %d); will retry", c->size, slot_va(r, g),
+		cvm_err("unmapping %zu bytes at %p failed: %s (CUresult %d)", c->size, slot_va(r, g),
 			cuvmm_strerror(err), cuvmm_last_driver_error());
 		return err;
 	}
@@ -101,8 +99,38 @@ static int chunk_unmap(struct cuvmm_region *r, size_t g)
 	}
 	cvm_acct_mapped(&r->acct, -(int64_t)c->size);
 	cvm_acct_held_local(&r->acct, -(int64_t)c->size);
-	cvm_phys_put(&r->dev->phys, c);
+	if (keep)
+		*keep = c;
+	else
+		cvm_phys_put(&r->dev->phys, c);
 	return CUVMM_OK;
+}
+
+int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	uintptr_t va = (uintptr_t)slot_va(r, g);
+	int err = cvm_drv_map(d, &r->cnt, r->dev->index, va, c->size, c->h);
+
+	if (err)
+		return err;
+	err = cvm_drv_set_access(d, &r->cnt, r->dev->index, va, c->size);
+	if (err) {
+		if (cvm_drv_unmap(d, &r->cnt, r->dev->index, va, c->size))
+			cvm_err("unmapping %zu bytes at %p after a failed set-access failed too", c->size, (void *)va);
+		return err;
+	}
+	cvm_acct_mapped(&r->acct, (int64_t)c->size);
+	cvm_acct_held_local(&r->acct, (int64_t)c->size);
+	slots_set(r, g, c, state);
+	return CUVMM_OK;
+}
+
+/* Unmap one chunk (first granule g) and hand it back to the device. On failure the chunk stays mapped
+ * and its granules DONE, to be retried by a later pass. */
+static int chunk_unmap(struct cuvmm_region *r, size_t g)
+{
+	return cvm_region_chunk_unmap_locked(r, g, NULL);
 }
 
 /* Undo the NEW granules of a failed map call: nothing was written to them, so no fence is needed. */
@@ -401,6 +429,8 @@ void cvm_region_fini(struct cuvmm_region *r)
 		r->fences = f->next;
 		cvm_region_fence_drop_locked(r, f);
 	}
+	if (r->sleep)
+		cvm_sleep_discard(r);
 	pthread_mutex_unlock(&r->lock);
 	for (size_t i = 0; i < r->nspare; i++)
 		cvm_drv_event_destroy(d, r->dev->index, r->spare_ev[i]);

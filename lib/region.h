@@ -36,6 +36,12 @@ struct cvm_fence {
 };
 
 struct cvm_sleep; /* sleep.c */
+/* Sleep and wake of the region's MAPPED chunks (sleep.c); the caller holds r->lock and has made sure no
+ * granule is PENDING or DONE. */
+int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
+int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream);
+/* Free a sleeping region's record and host copy (destroy of a sleeping object). */
+void cvm_sleep_discard(struct cuvmm_region *r);
 
 struct cuvmm_region {
 	struct cvm_client client;
@@ -81,6 +87,12 @@ void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, str
 /* Unmap whatever pending granules have completed fences. With wait, wait for the fences first (drops and
  * retakes the lock around the waits). Returns when to look again (ns) or UINT64_MAX. */
 uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wait);
+/* Map chunk c whole at granule g (which must be UNMAPPED over the chunk's span) with access, slots set to
+ * `state`; all or nothing. Accounts mapped and held, not live. */
+int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state);
+/* Unmap the chunk whose first granule is g; hand it to *keep if given, else back to the device's cache.
+ * On failure nothing changes. Accounts mapped and held, not live. */
+int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk **keep);
 /* Is any granule of [first, first+n) in the given state? */
 size_t cvm_region_count_locked(struct cuvmm_region *r, size_t first, size_t n, enum cvm_slot_state st);
 

@@ -1,0 +1,244 @@
+/*
+ * Sleep and wake of a region's mapped chunks: the layer under cuvmm_region_sleep/wake and
+ * cuvmm_pool_sleep/wake.
+ *
+ * Sleep records every mapped chunk (first granule, size class), copies their contents to one pinned host
+ * buffer (OFFLOAD), unmaps them all and only then releases them, so that a failure anywhere before the
+ * release can put the very same chunks back and leave the region awake and intact. Wake maps chunks of
+ * the same classes at the same granules, copies the contents back and frees the host copy only once the
+ * copy has completed; a failure unmaps what it mapped and leaves the region asleep with its host copy.
+ * Copies are issued in pieces of CVM_COPY_PIECE bytes, back to back on one stream, so the copy engine
+ * stays busy while the host thread keeps queueing.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "region.h"
+
+#define CVM_COPY_PIECE ((size_t)64 << 20)
+
+struct cvm_sleep_chunk {
+	size_t g;      /* first granule */
+	uint8_t cls;
+};
+
+struct cvm_sleep {
+	enum cuvmm_sleep_mode mode;
+	struct cvm_sleep_chunk *chunks;
+	size_t nchunks;
+	void *host;        /* OFFLOAD: contents of the chunks, in order */
+	size_t host_bytes;
+};
+
+static size_t chunk_bytes(const struct cuvmm_region *r, const struct cvm_sleep_chunk *c)
+{
+	return r->gran << c->cls;
+}
+
+/* Copy between the chunks and the host buffer, coalescing adjacent chunks into spans and cutting spans
+ * into pieces. Stops at the first failure. */
+static int copy_all(struct cuvmm_region *r, struct cvm_sleep *s, bool to_host, CUstream stream)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	size_t off = 0;
+
+	for (size_t i = 0; i < s->nchunks;) {
+		size_t g = s->chunks[i].g, bytes = 0;
+
+		/* a span: chunks that follow one another in the address space */
+		do {
+			bytes += chunk_bytes(r, &s->chunks[i]);
+			i++;
+		} while (i < s->nchunks && s->chunks[i].g == g + (bytes >> r->gshift));
+		for (size_t done = 0; done < bytes;) {
+			size_t n = bytes - done < CVM_COPY_PIECE ? bytes - done : CVM_COPY_PIECE;
+			uintptr_t dev = r->base + (g << r->gshift) + done;
+			char *host = (char *)s->host + off + done;
+			int err = to_host ? cvm_drv_copy_dtoh(d, r->dev->index, host, dev, n, stream)
+					  : cvm_drv_copy_htod(d, r->dev->index, dev, host, n, stream);
+
+			if (err)
+				return err;
+			done += n;
+		}
+		off += bytes;
+	}
+	return cvm_drv_stream_sync(d, r->dev->index, stream);
+}
+
+/* Put back chunks [0, n) of `kept` at their granules (undo of a partial unmap). */
+static void remap_kept(struct cuvmm_region *r, struct cvm_sleep *s, struct cvm_chunk **kept, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (cvm_region_chunk_map_locked(r, s->chunks[i].g, kept[i], CVM_SLOT_MAPPED)) {
+			cvm_err("sleep: could not map %zu bytes back at granule %zu after a failed unmap; they are lost",
+				kept[i]->size, s->chunks[i].g);
+			cvm_phys_release(&r->dev->phys, kept[i]);
+		}
+	}
+}
+
+int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_sleep *s;
+	struct cvm_chunk **kept = NULL;
+	size_t n = 0;
+	int err;
+
+	if (r->sleep)
+		return CUVMM_ESTATE;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return CUVMM_ENOMEM;
+	s->mode = mode;
+	for (size_t g = 0; g < r->npages; g += r->slot[g].chunk ? (size_t)1 << r->slot[g].chunk->cls : 1)
+		n += r->slot[g].state == CVM_SLOT_MAPPED;
+	s->chunks = calloc(n ? n : 1, sizeof(*s->chunks));
+	kept = calloc(n ? n : 1, sizeof(*kept));
+	if (!s->chunks || !kept) {
+		err = CUVMM_ENOMEM;
+		goto fail;
+	}
+	for (size_t g = 0; g < r->npages;) {
+		struct cvm_chunk *c = r->slot[g].chunk;
+
+		if (c && r->slot[g].state == CVM_SLOT_MAPPED) {
+			s->chunks[s->nchunks].g = g;
+			s->chunks[s->nchunks].cls = c->cls;
+			s->nchunks++;
+			s->host_bytes += c->size;
+		}
+		g += c ? (size_t)1 << c->cls : 1;
+	}
+	if (!stream) {
+		err = cvm_drv_device_sync(d, r->dev->index);
+		if (err)
+			goto fail;
+	}
+	if (mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes) {
+		err = cvm_drv_host_alloc(d, s->host_bytes, &s->host);
+		if (err)
+			goto fail;
+		err = copy_all(r, s, true, stream);
+		if (err)
+			goto fail;
+	} else if (stream) {
+		/* DISCARD still waits for the work on the stream before taking the memory away. */
+		err = cvm_drv_stream_sync(d, r->dev->index, stream);
+		if (err)
+			goto fail;
+	}
+	for (size_t i = 0; i < s->nchunks; i++) {
+		err = cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]);
+		if (err) {
+			remap_kept(r, s, kept, i);
+			goto fail;
+		}
+	}
+	/* Past the point of no return: the physical memory goes back to the driver, not to the cache. */
+	for (size_t i = 0; i < s->nchunks; i++)
+		cvm_phys_release(&r->dev->phys, kept[i]);
+	free(kept);
+	r->sleep = s;
+	return CUVMM_OK;
+fail:
+	if (s->host)
+		cvm_drv_host_free(d, s->host);
+	free(kept);
+	free(s->chunks);
+	free(s);
+	return err;
+}
+
+int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
+{
+	struct cvm_sleep *s = r->sleep;
+	size_t i;
+	int err = CUVMM_OK;
+
+	if (!s)
+		return CUVMM_ESTATE;
+	for (i = 0; i < s->nchunks; i++) {
+		struct cvm_chunk *c;
+
+		err = cvm_phys_get(&r->dev->phys, s->chunks[i].cls, &r->cnt, &c);
+		if (err)
+			goto undo;
+		err = cvm_region_chunk_map_locked(r, s->chunks[i].g, c, CVM_SLOT_MAPPED);
+		if (err) {
+			cvm_phys_put(&r->dev->phys, c);
+			goto undo;
+		}
+	}
+	if (s->mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes) {
+		err = copy_all(r, s, false, stream);
+		if (err)
+			goto undo;
+		cvm_drv_host_free(CVM_DRV(r->dev), s->host);
+	}
+	free(s->chunks);
+	free(s);
+	r->sleep = NULL;
+	return CUVMM_OK;
+undo:
+	/* Nothing was written that matters: unmap what this call mapped; the host copy stays. */
+	while (i-- > 0) {
+		if (cvm_region_chunk_unmap_locked(r, s->chunks[i].g, NULL))
+			cvm_err("wake: unmapping after a failure failed; granule %zu stays mapped", s->chunks[i].g);
+	}
+	return err;
+}
+
+void cvm_sleep_discard(struct cuvmm_region *r)
+{
+	struct cvm_sleep *s = r->sleep;
+
+	if (!s)
+		return;
+	if (s->host)
+		cvm_drv_host_free(CVM_DRV(r->dev), s->host);
+	free(s->chunks);
+	free(s);
+	r->sleep = NULL;
+}
+
+static int check_mode(enum cuvmm_sleep_mode mode)
+{
+	return mode == CUVMM_SLEEP_OFFLOAD || mode == CUVMM_SLEEP_DISCARD ? CUVMM_OK : CUVMM_EINVAL;
+}
+
+int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream)
+{
+	int err;
+
+	if (!r || check_mode(mode))
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&r->lock);
+	if (r->sleep) {
+		err = CUVMM_ESTATE;
+	} else {
+		/* Pending unmaps are not contents: finish them (waiting for their fences) before sleeping. */
+		if (r->npending)
+			cvm_region_process_locked(r, cvm_now_ns(), true);
+		err = r->npending ? CUVMM_EBUSY : cvm_region_sleep_locked(r, mode, stream);
+	}
+	pthread_mutex_unlock(&r->lock);
+	/* Chunks of finished unmaps went to the device's cache: give those back too. */
+	if (!err)
+		cvm_phys_reclaim(&r->dev->phys, cvm_now_ns(), true, r->ctx->cfg.retain_bytes);
+	return err;
+}
+
+int cuvmm_region_wake(struct cuvmm_region *r, CUstream stream)
+{
+	int err;
+
+	if (!r)
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&r->lock);
+	err = cvm_region_wake_locked(r, stream);
+	pthread_mutex_unlock(&r->lock);
+	return err;
+}
