@@ -443,6 +443,116 @@ CUVMM_API int cuvmm_pool_stats(struct cuvmm_pool *pool, struct cuvmm_stats *out)
 /** @} */
 
 /**
+ * @defgroup kv KV blocks: a paged-attention KV cache with page-aware mapping
+ * `tensors` parallel tensors (e.g. K and V of every layer), each in its own reserved range; block b of
+ * tensor t lives at cuvmm_kv_tensor(kv, t) + b * block_bytes. A block id is backed in every tensor at once,
+ * and physical memory is mapped page by page (one granule of every tensor) only where blocks are in use.
+ * Allocation fills free blocks on the fullest mapped pages first, so holes are reused and sparse pages
+ * empty out; a page whose blocks are all free is given back after the idle delay (or by cuvmm_ctx_trim()).
+ * While allocation is active, a background pass keeps a couple of empty pages mapped ahead of demand, so
+ * that backing a new page (one map per tensor) rarely happens on the allocating thread.
+ * @{
+ */
+
+/** KV configuration. Initialise with cuvmm_kv_config_init(), then set the fields. */
+struct cuvmm_kv_config {
+	size_t size;          /**< sizeof(struct cuvmm_kv_config), set by cuvmm_kv_config_init() */
+	int device;           /**< device; default 0 */
+	size_t block_bytes;   /**< bytes of one block in one tensor; any size (blocks may straddle pages) */
+	uint32_t max_blocks;  /**< block ids are 0 .. max_blocks-1 */
+	uint32_t tensors;     /**< tensors that share block ids, e.g. 2 * layers for K and V; default 1 */
+};
+
+/**
+ * Fill @p cfg with the defaults (block_bytes and max_blocks 0: the caller must set them).
+ * @param[out] cfg the configuration; NULL is ignored
+ */
+CUVMM_API void cuvmm_kv_config_init(struct cuvmm_kv_config *cfg);
+
+/** Opaque KV block allocator. */
+struct cuvmm_kv;
+
+/**
+ * Create a KV block allocator: reserves max_blocks * block_bytes (rounded up to the granularity) per
+ * tensor; maps nothing yet.
+ * @param[in] ctx the context
+ * @param[in] cfg configuration; its size field must be set
+ * @param[out] out the new object
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, a zero field or an overflowing size; CUVMM_ENODEV for
+ *         a device out of range; CUVMM_ENOSPC when the address space cannot be reserved
+ */
+CUVMM_API int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, struct cuvmm_kv **out);
+
+/**
+ * Destroy: synchronises the device (blocks freed without a stream may still be read), then gives every
+ * page back. Not thread-safe with respect to other calls on the same object.
+ * @param[in] kv the object; NULL is a no-op
+ */
+CUVMM_API void cuvmm_kv_destroy(struct cuvmm_kv *kv);
+
+/**
+ * @param[in] kv the object
+ * @param[in] tensor a tensor index
+ * @return the device address of block 0 of the tensor; NULL for a NULL @p kv or an index out of range
+ */
+CUVMM_API void *cuvmm_kv_tensor(const struct cuvmm_kv *kv, uint32_t tensor);
+
+/**
+ * Allocate @p n block ids, all or nothing, backing them in every tensor. Ids freed earlier may come back at
+ * once (as with a server's own block table: ordering its GPU work is the caller's job).
+ * @param[in] kv the object
+ * @param[in] n how many blocks; 0 is invalid
+ * @param[out] ids array of @p n ids, written only on success
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or n == 0; CUVMM_ENOSPC when fewer than @p n ids are
+ *         free; CUVMM_ENOMEM when the device or device_limit_bytes is full; CUVMM_EDRIVER on another
+ *         driver failure. On failure nothing is allocated and nothing this call mapped stays mapped.
+ */
+CUVMM_API int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids);
+
+/**
+ * Free @p n block ids. Their pages are unmapped only after the work queued on @p stream before this call
+ * has completed (NULL: after a device synchronisation, which the background pass performs).
+ * @param[in] kv the object
+ * @param[in] n how many; 0 is invalid
+ * @param[in] ids the ids; every one must be allocated and appear once, else nothing is freed
+ * @param[in] stream the work that may still read or write the blocks
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, n == 0, or a bad list; CUVMM_EDRIVER if the fence
+ *         could not be recorded (then nothing changed)
+ */
+CUVMM_API int cuvmm_kv_free(struct cuvmm_kv *kv, uint32_t n, const uint32_t *ids, CUstream stream);
+
+/** One proposed block move of cuvmm_kv_compact(). */
+struct cuvmm_kv_move {
+	uint32_t from; /**< a block in use on a sparse page */
+	uint32_t to;   /**< a block on a fuller page, allocated for the caller by cuvmm_kv_compact() */
+};
+
+/**
+ * Propose block moves that would empty the sparsest pages. Pages are drained whole, sparsest first, into
+ * free blocks of fuller, mapped pages (no page is mapped for it). The destination blocks are allocated
+ * by this call. To apply the plan: copy each `from` block to its `to` block in every tensor, update the
+ * block tables, then cuvmm_kv_free() the `from` blocks on the stream of the copies; the drained pages
+ * are given back after the idle delay. To drop the plan instead, cuvmm_kv_free() the `to` blocks.
+ * @param[in] kv the object
+ * @param[in] max_moves room in @p moves; only whole pages are drained, so fewer may be proposed
+ * @param[out] moves the moves
+ * @param[out] n_moves how many were written
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument; CUVMM_ENOMEM when the host is out of memory
+ */
+CUVMM_API int cuvmm_kv_compact(struct cuvmm_kv *kv, uint32_t max_moves, struct cuvmm_kv_move *moves,
+			       uint32_t *n_moves);
+
+/**
+ * Statistics summed over the tensors: live is allocated blocks x block_bytes x tensors.
+ * @param[in] kv the object
+ * @param[in,out] out statistics; out->size must be set
+ * @return CUVMM_OK, or CUVMM_EINVAL for a NULL argument or a bad size
+ */
+CUVMM_API int cuvmm_kv_stats(struct cuvmm_kv *kv, struct cuvmm_stats *out);
+
+/** @} */
+
+/**
  * @defgroup sleep Sleep and wake
  * Give all physical memory of a region or pool back while keeping its addresses reserved, so pointers,
  * and CUDA graphs captured on them, stay valid; wake maps the same addresses again. While an object

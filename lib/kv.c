@@ -1,0 +1,679 @@
+/*
+ * KV blocks: page-aware block allocation over `tensors` parallel regions. See kv.h.
+ * Lock order: kv->lock, then a tensor region's lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv.h"
+#include "log.h"
+
+#define NONE UINT32_MAX
+#define CVM_KV_AHEAD 2 /* empty pages kept mapped ahead of demand while allocation is active */
+
+struct cvm_kv_fence {
+	cvm_event ev;
+	uint32_t refs;
+	bool done;
+};
+
+static size_t page_shift(const struct cuvmm_kv *kv)
+{
+	return kv->t[0].gshift;
+}
+
+static void block_pages(const struct cuvmm_kv *kv, uint32_t b, uint32_t *first, uint32_t *last)
+{
+	size_t lo = (size_t)b * kv->block_bytes;
+
+	*first = (uint32_t)(lo >> page_shift(kv));
+	*last = (uint32_t)((lo + kv->block_bytes - 1) >> page_shift(kv));
+}
+
+/* Home blocks of page p: [lo, hi). */
+static void page_blocks(const struct cuvmm_kv *kv, uint32_t p, uint32_t *lo, uint32_t *hi)
+{
+	size_t g = kv->t[0].gran, B = kv->block_bytes;
+	size_t a = ((size_t)p * g + B - 1) / B, z = ((size_t)(p + 1) * g + B - 1) / B;
+
+	*lo = (uint32_t)(a < kv->max_blocks ? a : kv->max_blocks);
+	*hi = (uint32_t)(z < kv->max_blocks ? z : kv->max_blocks);
+}
+
+static bool busy(const struct cuvmm_kv *kv, uint32_t b)
+{
+	return kv->busy[b / 64] >> (b % 64) & 1;
+}
+
+static void set_busy(struct cuvmm_kv *kv, uint32_t b, bool v)
+{
+	if (v)
+		kv->busy[b / 64] |= (uint64_t)1 << (b % 64);
+	else
+		kv->busy[b / 64] &= ~((uint64_t)1 << (b % 64));
+}
+
+/* ----- occupancy buckets: mapped pages with a free home block, by allocated home blocks ----- */
+
+static void bucket_remove(struct cuvmm_kv *kv, uint32_t p)
+{
+	struct cvm_kv_page *pg = &kv->pg[p];
+
+	if (!pg->in_bucket)
+		return;
+	if (pg->bprev != NONE)
+		kv->pg[pg->bprev].bnext = pg->bnext;
+	else
+		kv->bucket[pg->used] = pg->bnext;
+	if (pg->bnext != NONE)
+		kv->pg[pg->bnext].bprev = pg->bprev;
+	pg->in_bucket = false;
+}
+
+static void bucket_insert(struct cuvmm_kv *kv, uint32_t p)
+{
+	struct cvm_kv_page *pg = &kv->pg[p];
+
+	if (pg->in_bucket || !pg->mapped || pg->used >= pg->cap)
+		return;
+	pg->bprev = NONE;
+	pg->bnext = kv->bucket[pg->used];
+	if (pg->bnext != NONE)
+		kv->pg[pg->bnext].bprev = p;
+	kv->bucket[pg->used] = p;
+	pg->in_bucket = true;
+	if (pg->used > kv->top)
+		kv->top = pg->used;
+}
+
+/* The fullest mapped page with room, or NONE. */
+static uint32_t fullest(struct cuvmm_kv *kv)
+{
+	for (;;) {
+		if (kv->bucket[kv->top] != NONE)
+			return kv->bucket[kv->top];
+		if (kv->top == 0)
+			return NONE;
+		kv->top--;
+	}
+}
+
+/* ----- mapping pages in every tensor ----- */
+
+static void fence_put(struct cuvmm_kv *kv, struct cvm_kv_fence *f)
+{
+	if (f && --f->refs == 0) {
+		cvm_drv_event_destroy(CVM_DRV(kv->dev), kv->dev->index, f->ev);
+		free(f);
+	}
+}
+
+static void unmap_page(struct cuvmm_kv *kv, uint32_t p)
+{
+	for (uint32_t t = 0; t < kv->tensors; t++) {
+		struct cuvmm_region *r = &kv->t[t];
+		struct cvm_fence *f;
+
+		pthread_mutex_lock(&r->lock);
+		/* The caller established that no GPU work touches the page: a complete fence. */
+		if (cvm_region_fence_locked(r, NULL, &f) == CUVMM_OK) {
+			cvm_region_unmap_locked(r, p, 1, f);
+			cvm_region_process_locked(r, cvm_now_ns(), false);
+		}
+		pthread_mutex_unlock(&r->lock);
+	}
+	bucket_remove(kv, p);
+	kv->pg[p].mapped = false;
+	kv->mapped_pages--;
+}
+
+/* Map page p in every tensor; all or nothing. */
+static int map_page(struct cuvmm_kv *kv, uint32_t p)
+{
+	uint32_t t;
+	int err = CUVMM_OK;
+
+	for (t = 0; t < kv->tensors; t++) {
+		struct cuvmm_region *r = &kv->t[t];
+
+		pthread_mutex_lock(&r->lock);
+		err = cvm_region_map_locked(r, p, 1, 0);
+		pthread_mutex_unlock(&r->lock);
+		if (err)
+			break;
+	}
+	if (err) {
+		while (t-- > 0) {
+			struct cuvmm_region *r = &kv->t[t];
+			struct cvm_fence *f;
+
+			pthread_mutex_lock(&r->lock);
+			if (cvm_region_fence_locked(r, NULL, &f) == CUVMM_OK) {
+				cvm_region_unmap_locked(r, p, 1, f);
+				cvm_region_process_locked(r, cvm_now_ns(), false);
+			}
+			pthread_mutex_unlock(&r->lock);
+		}
+		return err;
+	}
+	kv->pg[p].mapped = true;
+	kv->mapped_pages++;
+	return CUVMM_OK;
+}
+
+/* A page to back next: the lowest page that is unmapped and has room (never used pages come from
+ * next_fresh; released ones are found by the scan below next_fresh). */
+static uint32_t unmapped_page(struct cuvmm_kv *kv)
+{
+	for (uint32_t p = 0; p < kv->npages; p++)
+		if (!kv->pg[p].mapped && kv->pg[p].used < kv->pg[p].cap)
+			return p;
+	return NONE;
+}
+
+/* A page becomes empty (refs 0): it stays mapped, fenced, until the idle delay passes. */
+static void page_emptied(struct cuvmm_kv *kv, uint32_t p, struct cvm_kv_fence *f, uint64_t now)
+{
+	struct cvm_kv_page *pg = &kv->pg[p];
+
+	pg->empty_ns = now;
+	pg->epoch = f ? 0 : atomic_load(&kv->dev->epoch);
+	pg->fence = f;
+	if (f)
+		f->refs++;
+	kv->empty_pages++;
+}
+
+/* A page gains its first block again: no longer empty. */
+static void page_filled(struct cuvmm_kv *kv, uint32_t p)
+{
+	struct cvm_kv_page *pg = &kv->pg[p];
+
+	fence_put(kv, pg->fence);
+	pg->fence = NULL;
+	kv->empty_pages--;
+}
+
+/* Take block b for the caller: map the pages it touches that are not mapped (recorded in fresh[] so a
+ * failed call can undo them). */
+static int take_block(struct cuvmm_kv *kv, uint32_t b, uint32_t *fresh, uint32_t *nfresh)
+{
+	uint32_t first, last, home;
+	int err;
+
+	block_pages(kv, b, &first, &last);
+	for (uint32_t q = first; q <= last; q++) {
+		if (kv->pg[q].mapped)
+			continue;
+		err = map_page(kv, q);
+		if (err)
+			return err;
+		fresh[(*nfresh)++] = q;
+		kv->pg[q].empty_ns = cvm_now_ns();
+		kv->pg[q].epoch = 0;
+		kv->empty_pages++;
+		bucket_insert(kv, q);
+	}
+	for (uint32_t q = first; q <= last; q++) {
+		if (kv->pg[q].refs++ == 0)
+			page_filled(kv, q);
+	}
+	home = first;
+	bucket_remove(kv, home);
+	kv->pg[home].used++;
+	bucket_insert(kv, home);
+	set_busy(kv, b, true);
+	return CUVMM_OK;
+}
+
+/* Give block b back (its pages stay mapped). */
+static void put_block(struct cuvmm_kv *kv, uint32_t b, struct cvm_kv_fence *f, uint64_t now)
+{
+	uint32_t first, last;
+
+	block_pages(kv, b, &first, &last);
+	set_busy(kv, b, false);
+	bucket_remove(kv, first);
+	kv->pg[first].used--;
+	bucket_insert(kv, first);
+	for (uint32_t q = first; q <= last; q++) {
+		if (--kv->pg[q].refs == 0)
+			page_emptied(kv, q, f, now);
+	}
+}
+
+static uint32_t free_home_block(struct cuvmm_kv *kv, uint32_t p)
+{
+	uint32_t lo, hi;
+
+	page_blocks(kv, p, &lo, &hi);
+	for (uint32_t b = lo; b < hi; b++)
+		if (!busy(kv, b))
+			return b;
+	return NONE;
+}
+
+/* ----- public API ----- */
+
+void cuvmm_kv_config_init(struct cuvmm_kv_config *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = sizeof(*cfg);
+	cfg->tensors = 1;
+}
+
+static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force);
+
+static void kv_client_destroy(struct cvm_client *c)
+{
+	cuvmm_kv_destroy((struct cuvmm_kv *)c);
+}
+
+static const struct cvm_client_ops kv_ops = {.reclaim = kv_reclaim, .kind = "kv"};
+
+int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, struct cuvmm_kv **out)
+{
+	struct cuvmm_kv *kv;
+	size_t total;
+	uint32_t t = 0;
+	int err;
+
+	if (!ctx || !cfg || !out || cfg->size < sizeof(*cfg) || !cfg->block_bytes || !cfg->max_blocks ||
+	    !cfg->tensors || cfg->block_bytes > SIZE_MAX / cfg->max_blocks)
+		return CUVMM_EINVAL;
+	total = cfg->block_bytes * cfg->max_blocks;
+	kv = calloc(1, sizeof(*kv));
+	if (!kv)
+		return CUVMM_ENOMEM;
+	kv->ctx = ctx;
+	kv->block_bytes = cfg->block_bytes;
+	kv->max_blocks = cfg->max_blocks;
+	kv->tensors = cfg->tensors;
+	kv->ahead = CVM_KV_AHEAD;
+	kv->t = calloc(cfg->tensors, sizeof(*kv->t));
+	if (!kv->t) {
+		err = CUVMM_ENOMEM;
+		goto fail;
+	}
+	for (t = 0; t < cfg->tensors; t++) {
+		err = cvm_region_init(&kv->t[t], ctx, cfg->device, total);
+		if (err)
+			goto fail;
+		kv->t[t].acct.live_private = true;
+	}
+	kv->dev = kv->t[0].dev;
+	if (kv->t[0].npages > UINT32_MAX - 1) {
+		err = CUVMM_EINVAL;
+		goto fail;
+	}
+	kv->npages = (uint32_t)kv->t[0].npages;
+	kv->pg = calloc(kv->npages, sizeof(*kv->pg));
+	kv->busy = calloc((kv->max_blocks + 63) / 64, sizeof(*kv->busy));
+	if (!kv->pg || !kv->busy || pthread_mutex_init(&kv->lock, NULL)) {
+		err = CUVMM_ENOMEM;
+		goto fail;
+	}
+	for (uint32_t p = 0; p < kv->npages; p++) {
+		uint32_t lo, hi;
+
+		page_blocks(kv, p, &lo, &hi);
+		kv->pg[p].cap = hi - lo;
+		if (kv->pg[p].cap > kv->max_cap)
+			kv->max_cap = kv->pg[p].cap;
+		kv->pg[p].bnext = kv->pg[p].bprev = NONE;
+	}
+	kv->bucket = malloc(((size_t)kv->max_cap + 1) * sizeof(*kv->bucket));
+	if (!kv->bucket) {
+		pthread_mutex_destroy(&kv->lock);
+		err = CUVMM_ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i <= kv->max_cap; i++)
+		kv->bucket[i] = NONE;
+	kv->acct.parent = &kv->dev->acct;
+	kv->client.ops = &kv_ops;
+	kv->client.dev = kv->dev;
+	kv->client.destroy = kv_client_destroy;
+	cvm_ctx_add_client(ctx, &kv->client);
+	*out = kv;
+	return CUVMM_OK;
+fail:
+	while (t-- > 0)
+		cvm_region_fini(&kv->t[t]);
+	free(kv->t);
+	free(kv->pg);
+	free(kv->busy);
+	free(kv);
+	return err;
+}
+
+void cuvmm_kv_destroy(struct cuvmm_kv *kv)
+{
+	if (!kv)
+		return;
+	cvm_ctx_remove_client(kv->ctx, &kv->client);
+	if (kv->nblocks_live)
+		cvm_warn("kv destroyed with %u blocks still allocated", kv->nblocks_live);
+	cvm_acct_live(&kv->acct, -(int64_t)atomic_load(&kv->acct.live));
+	/* Blocks freed without a stream may still be read by the GPU until the device is idle. */
+	cvm_drv_device_sync(CVM_DRV(kv->dev), kv->dev->index);
+	for (uint32_t p = 0; p < kv->npages; p++)
+		fence_put(kv, kv->pg[p].fence);
+	for (uint32_t t = 0; t < kv->tensors; t++)
+		cvm_region_fini(&kv->t[t]);
+	pthread_mutex_destroy(&kv->lock);
+	free(kv->t);
+	free(kv->pg);
+	free(kv->busy);
+	free(kv->bucket);
+	free(kv);
+}
+
+void *cuvmm_kv_tensor(const struct cuvmm_kv *kv, uint32_t tensor)
+{
+	return kv && tensor < kv->tensors ? (void *)kv->t[tensor].base : NULL;
+}
+
+int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
+{
+	uint32_t *fresh, nfresh = 0, got = 0;
+	uint64_t t0;
+	int err = CUVMM_OK;
+
+	if (!kv || !ids || n == 0)
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&kv->lock);
+	if (n > kv->max_blocks - kv->nblocks_live) {
+		pthread_mutex_unlock(&kv->lock);
+		return CUVMM_ENOSPC;
+	}
+	/* Each block maps at most two pages it does not share: room to record them for undo. */
+	fresh = malloc(((size_t)n * 2 + 2) * sizeof(*fresh));
+	if (!fresh) {
+		pthread_mutex_unlock(&kv->lock);
+		return CUVMM_ENOMEM;
+	}
+	t0 = cvm_now_ns();
+	while (got < n) {
+		uint32_t p = fullest(kv), b;
+
+		if (p == NONE) {
+			uint64_t m0 = cvm_now_ns();
+
+			p = unmapped_page(kv);
+			if (p == NONE) {
+				err = CUVMM_ENOSPC;
+				break;
+			}
+			err = map_page(kv, p);
+			if (err)
+				break;
+			kv->backing_ns += cvm_now_ns() - m0;
+			kv->backings++;
+			fresh[nfresh++] = p;
+			kv->pg[p].empty_ns = t0;
+			kv->pg[p].epoch = 0;
+			kv->empty_pages++;
+			bucket_insert(kv, p);
+		}
+		b = free_home_block(kv, p);
+		err = take_block(kv, b, fresh, &nfresh);
+		if (err)
+			break;
+		ids[got++] = b;
+	}
+	if (err) {
+		/* All or nothing: give back the blocks and unmap the pages this call mapped. */
+		while (got > 0)
+			put_block(kv, ids[--got], NULL, t0);
+		for (uint32_t i = 0; i < nfresh; i++) {
+			fence_put(kv, kv->pg[fresh[i]].fence);
+			kv->pg[fresh[i]].fence = NULL;
+			kv->empty_pages--;
+			unmap_page(kv, fresh[i]);
+		}
+	} else {
+		kv->nblocks_live += n;
+		kv->last_alloc_ns = t0;
+		cvm_acct_live(&kv->acct, (int64_t)((size_t)n * kv->block_bytes * kv->tensors));
+	}
+	free(fresh);
+	/* Running low on room in mapped pages: let the background pass map ahead. */
+	if (!err && kv->empty_pages < kv->ahead && (kv->top == 0 || fullest(kv) == NONE))
+		cvm_ctx_kick(kv->ctx, cvm_now_ns());
+	pthread_mutex_unlock(&kv->lock);
+	cvm_ctx_poll(kv->ctx);
+	return err;
+}
+
+int cuvmm_kv_free(struct cuvmm_kv *kv, uint32_t n, const uint32_t *ids, CUstream stream)
+{
+	struct cvm_kv_fence *f = NULL;
+	uint64_t now;
+	uint32_t i;
+	int err = CUVMM_OK;
+
+	if (!kv || !ids || n == 0)
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&kv->lock);
+	/* Validate everything first (range, allocated, no id twice) so a bad list changes nothing. */
+	for (i = 0; i < n; i++) {
+		if (ids[i] >= kv->max_blocks || !busy(kv, ids[i])) {
+			err = CUVMM_EINVAL;
+			break;
+		}
+		set_busy(kv, ids[i], false);
+	}
+	while (i-- > 0)
+		set_busy(kv, ids[i], true);
+	if (err)
+		goto out;
+	if (stream) {
+		f = calloc(1, sizeof(*f));
+		if (!f) {
+			err = CUVMM_ENOMEM;
+			goto out;
+		}
+		err = cvm_drv_event_create(CVM_DRV(kv->dev), kv->dev->index, &f->ev);
+		if (!err) {
+			err = cvm_drv_event_record(CVM_DRV(kv->dev), kv->dev->index, f->ev, stream);
+			if (err)
+				cvm_drv_event_destroy(CVM_DRV(kv->dev), kv->dev->index, f->ev);
+		}
+		if (err) {
+			free(f);
+			goto out;
+		}
+		f->refs = 1; /* this call's reference, dropped below */
+	}
+	now = cvm_now_ns();
+	for (i = 0; i < n; i++)
+		put_block(kv, ids[i], f, now);
+	kv->nblocks_live -= n;
+	cvm_acct_live(&kv->acct, -(int64_t)((size_t)n * kv->block_bytes * kv->tensors));
+	fence_put(kv, f);
+	if (kv->ctx->delay_ns != UINT64_MAX)
+		cvm_ctx_kick(kv->ctx, now + kv->ctx->delay_ns);
+out:
+	pthread_mutex_unlock(&kv->lock);
+	cvm_ctx_poll(kv->ctx);
+	return err;
+}
+
+/* Is an empty page safe to unmap? Queries its event; `sync` is set when a device synchronisation would
+ * make it safe. */
+static bool page_safe(struct cuvmm_kv *kv, struct cvm_kv_page *pg, bool *sync)
+{
+	if (pg->fence) {
+		if (!pg->fence->done)
+			pg->fence->done = cvm_drv_event_done(CVM_DRV(kv->dev), kv->dev->index, pg->fence->ev) > 0;
+		return pg->fence->done;
+	}
+	if (cvm_dev_epoch_safe(kv->dev, pg->epoch) || pg->epoch == 0)
+		return true;
+	*sync = true;
+	return false;
+}
+
+/*
+ * The reclaim pass: map pages ahead of demand while allocation is active, and unmap pages that have been
+ * empty for the idle delay (every empty page, with force).
+ */
+static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
+{
+	struct cuvmm_kv *kv = (struct cuvmm_kv *)c;
+	uint64_t delay = kv->ctx->delay_ns, next = UINT64_MAX;
+	bool sync = false, synced = false, active;
+
+	if (force)
+		pthread_mutex_lock(&kv->lock);
+	else if (pthread_mutex_trylock(&kv->lock))
+		return now + CVM_FENCE_POLL_NS;
+	active = !force && kv->last_alloc_ns && now - kv->last_alloc_ns < (delay == UINT64_MAX ? 0 : delay);
+	while (active && kv->empty_pages < kv->ahead) {
+		uint32_t p = unmapped_page(kv);
+
+		if (p == NONE || map_page(kv, p))
+			break;
+		kv->pg[p].empty_ns = now;
+		kv->pg[p].epoch = 0;
+		kv->empty_pages++;
+		bucket_insert(kv, p);
+	}
+again:
+	for (uint32_t p = 0; p < kv->npages && kv->empty_pages; p++) {
+		struct cvm_kv_page *pg = &kv->pg[p];
+
+		if (!pg->mapped || pg->refs)
+			continue;
+		if (!force && (delay == UINT64_MAX || now - pg->empty_ns < delay)) {
+			if (delay != UINT64_MAX && pg->empty_ns + delay < next)
+				next = pg->empty_ns + delay;
+			continue;
+		}
+		if (!page_safe(kv, pg, &sync)) {
+			if (pg->fence && now + CVM_FENCE_POLL_NS < next)
+				next = now + CVM_FENCE_POLL_NS;
+			continue;
+		}
+		fence_put(kv, pg->fence);
+		pg->fence = NULL;
+		kv->empty_pages--;
+		unmap_page(kv, p);
+	}
+	if (sync && !synced) {
+		pthread_mutex_unlock(&kv->lock);
+		cvm_dev_sync_epoch(kv->dev);
+		pthread_mutex_lock(&kv->lock);
+		synced = true;
+		sync = false;
+		goto again;
+	}
+	pthread_mutex_unlock(&kv->lock);
+	return next;
+}
+
+int cuvmm_kv_compact(struct cuvmm_kv *kv, uint32_t max_moves, struct cuvmm_kv_move *moves, uint32_t *n_moves)
+{
+	uint32_t *order = NULL, nsrc = 0, n = 0;
+	int err = CUVMM_OK;
+
+	if (!kv || !n_moves || (max_moves && !moves))
+		return CUVMM_EINVAL;
+	pthread_mutex_lock(&kv->lock);
+	order = malloc((size_t)kv->npages * sizeof(*order));
+	if (!order) {
+		err = CUVMM_ENOMEM;
+		goto out;
+	}
+	/* Candidate sources: mapped pages in use whose blocks all have them as home (a straddling block
+	 * would keep a neighbour alive anyway), sparsest first. */
+	for (uint32_t p = 0; p < kv->npages; p++)
+		if (kv->pg[p].mapped && kv->pg[p].used && kv->pg[p].used == kv->pg[p].refs)
+			order[nsrc++] = p;
+	for (uint32_t i = 1; i < nsrc; i++) { /* insertion sort by occupancy: pages are few */
+		uint32_t p = order[i], j = i;
+
+		while (j > 0 && kv->pg[order[j - 1]].used > kv->pg[p].used) {
+			order[j] = order[j - 1];
+			j--;
+		}
+		order[j] = p;
+	}
+	/* Drain a source only if its blocks fit into fuller pages; take sources out of the buckets so no
+	 * block moves into a page that is being drained. */
+	for (uint32_t i = 0; i < nsrc; i++) {
+		uint32_t src = order[i], room = 0, lo, hi;
+
+		if (n + kv->pg[src].used > max_moves)
+			break;
+		bucket_remove(kv, src);
+		for (uint32_t k = i + 1; k < nsrc; k++)
+			if (kv->pg[order[k]].in_bucket)
+				room += kv->pg[order[k]].cap - kv->pg[order[k]].used;
+		if (room < kv->pg[src].used) {
+			bucket_insert(kv, src);
+			break;
+		}
+		page_blocks(kv, src, &lo, &hi);
+		for (uint32_t b = lo; b < hi; b++) {
+			uint32_t dst, to, nf = 0, fresh[2];
+
+			if (!busy(kv, b))
+				continue;
+			/* A destination on a mapped page with room, so compaction never maps a page. */
+			dst = fullest(kv);
+			to = dst == NONE ? NONE : free_home_block(kv, dst);
+			if (to == NONE || take_block(kv, to, fresh, &nf)) {
+				err = CUVMM_ENOMEM;
+				break;
+			}
+			moves[n].from = b;
+			moves[n].to = to;
+			n++;
+			kv->nblocks_live++;
+			cvm_acct_live(&kv->acct, (int64_t)(kv->block_bytes * kv->tensors));
+		}
+		if (err)
+			break;
+	}
+	/* Put drained sources back into the buckets (they empty out when the caller frees the sources). */
+	for (uint32_t i = 0; i < nsrc; i++)
+		bucket_insert(kv, order[i]);
+out:
+	free(order);
+	if (!err)
+		*n_moves = n;
+	pthread_mutex_unlock(&kv->lock);
+	return err;
+}
+
+int cuvmm_kv_stats(struct cuvmm_kv *kv, struct cuvmm_stats *out)
+{
+	struct cuvmm_stats s;
+
+	if (!kv || cvm_stats_check(out))
+		return CUVMM_EINVAL;
+	memset(&s, 0, sizeof(s));
+	s.size = out->size;
+	for (uint32_t t = 0; t < kv->tensors; t++) {
+		struct cuvmm_stats r = {.size = sizeof(r)};
+
+		cvm_acct_fill(&kv->t[t].acct, &kv->t[t].cnt, &r);
+		s.reserved_bytes += r.reserved_bytes;
+		s.held_bytes += r.held_bytes;
+		s.mapped_bytes += r.mapped_bytes;
+		s.peak_held_bytes += r.peak_held_bytes;
+		s.create_calls += r.create_calls;
+		s.release_calls += r.release_calls;
+		s.map_calls += r.map_calls;
+		s.unmap_calls += r.unmap_calls;
+		s.driver_ns += r.driver_ns;
+	}
+	s.live_bytes = atomic_load(&kv->acct.live);
+	s.peak_live_bytes = atomic_load(&kv->acct.peak_live);
+	*out = s;
+	return CUVMM_OK;
+}
