@@ -74,7 +74,7 @@ void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_fence *f)
 
 static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state)
 {
-	size_t n = (size_t)1 << c->cls;
+	size_t n = cvm_span(r, c);
 
 	for (size_t i = 0; i < n; i++) {
 		r->slot[g + i].chunk = c;
@@ -93,7 +93,7 @@ int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 			cuvmm_strerror(err), cuvmm_last_driver_error());
 		return err;
 	}
-	for (size_t i = 0; i < ((size_t)1 << c->cls); i++) {
+	for (size_t i = 0; i < cvm_span(r, c); i++) {
 		r->slot[g + i].chunk = NULL;
 		r->slot[g + i].state = CVM_SLOT_UNMAPPED;
 	}
@@ -145,11 +145,11 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 		}
 		if (chunk_unmap(r, g)) {
 			/* Stuck mapped: account it as pending so a later pass retries. */
-			for (size_t i = 0; i < ((size_t)1 << c->cls); i++)
+			for (size_t i = 0; i < cvm_span(r, c); i++)
 				r->slot[g + i].state = CVM_SLOT_DONE;
-			r->npending += (size_t)1 << c->cls;
+			r->npending += cvm_span(r, c);
 		}
-		g += (size_t)1 << c->cls;
+		g += cvm_span(r, c);
 	}
 }
 
@@ -169,12 +169,13 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 		for (run = g; run < end && r->slot[run].state == CVM_SLOT_UNMAPPED; run++)
 			;
 		for (j = g; j < run;) {
-			unsigned cls = max_cls < CVM_NCLASS ? max_cls : CVM_NCLASS - 1;
+			unsigned cls = max_cls < (unsigned)CVM_NCLASS - r->cls0 ? max_cls : (unsigned)CVM_NCLASS - 1 - r->cls0;
 			struct cvm_chunk *c;
 
+			/* cls counts slots here: a chunk of 2^cls slots, aligned to its size, inside the run */
 			while (cls > 0 && ((j & (((size_t)1 << cls) - 1)) || j + ((size_t)1 << cls) > run))
 				cls--;
-			err = cvm_phys_get(&r->dev->phys, cls, &r->cnt, &c);
+			err = cvm_phys_get(&r->dev->phys, r->cls0 + cls, &r->cnt, &c);
 			if (err)
 				goto undo;
 			err = cvm_drv_map(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, j), c->size, c->h);
@@ -245,7 +246,7 @@ static int unmap_done(struct cuvmm_region *r, size_t first, size_t end)
 	int stuck = 0;
 
 	if (first < end && r->slot[first].chunk)
-		first &= ~(((size_t)1 << r->slot[first].chunk->cls) - 1);
+		first &= ~(cvm_span(r, r->slot[first].chunk) - 1);
 	for (size_t g = first; g < end;) {
 		struct cvm_chunk *c = r->slot[g].chunk;
 		size_t span, i;
@@ -254,7 +255,7 @@ static int unmap_done(struct cuvmm_region *r, size_t first, size_t end)
 			g++;
 			continue;
 		}
-		span = (size_t)1 << c->cls;
+		span = cvm_span(r, c);
 		for (i = 0; i < span && r->slot[g + i].state == CVM_SLOT_DONE; i++)
 			;
 		if (i == span) {
@@ -351,16 +352,24 @@ static uint64_t region_reclaim(struct cvm_client *c, uint64_t now, bool force)
 
 static const struct cvm_client_ops region_ops = {.reclaim = region_reclaim, .kind = "region"};
 
-int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes)
+int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran)
 {
 	struct cvm_dev *dev;
-	size_t gran, size;
+	size_t size;
+	unsigned cls0 = 0;
 	int err;
 
 	err = cvm_ctx_dev(ctx, device, &dev);
 	if (err)
 		return err;
-	gran = dev->info.granularity;
+	if (!gran)
+		gran = dev->info.granularity;
+	if ((gran & (gran - 1)) || gran < dev->info.granularity)
+		return CUVMM_EINVAL;
+	while ((dev->info.granularity << cls0) < gran)
+		cls0++;
+	if (cls0 >= CVM_NCLASS)
+		return CUVMM_EINVAL;
 	if (max_bytes == 0 || max_bytes > SIZE_MAX - gran + 1)
 		return CUVMM_EINVAL;
 	size = (max_bytes + gran - 1) & ~(gran - 1);
@@ -369,6 +378,7 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 	r->dev = dev;
 	r->gran = gran;
 	r->gshift = (unsigned)__builtin_ctzll(gran);
+	r->cls0 = (uint8_t)cls0;
 	r->size = size;
 	r->npages = size >> r->gshift;
 	r->acct.parent = &dev->acct;
@@ -411,7 +421,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 	/* Whatever is still mapped: the caller guarantees no GPU work touches it any more. */
 	for (size_t g = 0; g < r->npages;) {
 		struct cvm_chunk *c = r->slot[g].chunk;
-		size_t span = c ? (size_t)1 << c->cls : 1;
+		size_t span = c ? cvm_span(r, c) : 1;
 
 		if (c) {
 			size_t live = 0;
@@ -449,7 +459,8 @@ static void region_client_destroy(struct cvm_client *c)
 	cuvmm_region_destroy((struct cuvmm_region *)c);
 }
 
-int cuvmm_region_create(struct cuvmm_ctx *ctx, int device, size_t max_bytes, struct cuvmm_region **out)
+int cuvmm_region_create_ex(struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t granularity,
+			   struct cuvmm_region **out)
 {
 	struct cuvmm_region *r;
 	int err;
@@ -459,7 +470,7 @@ int cuvmm_region_create(struct cuvmm_ctx *ctx, int device, size_t max_bytes, str
 	r = malloc(sizeof(*r));
 	if (!r)
 		return CUVMM_ENOMEM;
-	err = cvm_region_init(r, ctx, device, max_bytes);
+	err = cvm_region_init(r, ctx, device, max_bytes, granularity);
 	if (err) {
 		free(r);
 		return err;
@@ -468,6 +479,11 @@ int cuvmm_region_create(struct cuvmm_ctx *ctx, int device, size_t max_bytes, str
 	cvm_ctx_add_client(ctx, &r->client);
 	*out = r;
 	return CUVMM_OK;
+}
+
+int cuvmm_region_create(struct cuvmm_ctx *ctx, int device, size_t max_bytes, struct cuvmm_region **out)
+{
+	return cuvmm_region_create_ex(ctx, device, max_bytes, 0, out);
 }
 
 void cuvmm_region_destroy(struct cuvmm_region *r)

@@ -52,6 +52,7 @@ struct cuvmm_region {
 	size_t size;          /* reserved bytes, a multiple of gran */
 	size_t gran;
 	unsigned gshift;      /* log2(gran) */
+	uint8_t cls0;         /* size class of a chunk of one slot: gran == device granularity << cls0 */
 	size_t npages;
 	struct cvm_slot *slot;
 	struct cvm_fence *fences;     /* pending unmaps, newest first */
@@ -64,11 +65,18 @@ struct cuvmm_region {
 	struct cvm_drv_counters cnt;
 };
 
-/* Create a region without registering it as a client (for objects that own one and reclaim it). */
-int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes);
+/* Slots covered by a chunk. */
+static inline size_t cvm_span(const struct cuvmm_region *r, const struct cvm_chunk *c)
+{
+	return (size_t)1 << (c->cls - r->cls0);
+}
+
+/* Create a region without registering it as a client (for objects that own one and reclaim it).
+ * gran: its unit of mapping, a power of two >= the device granularity; 0: the device granularity. */
+int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran);
 void cvm_region_fini(struct cuvmm_region *r);
 
-/* Map granules [first, first+n) that are not mapped (UNMAPPED), using chunks of class <= max_cls where a
+/* Map granules [first, first+n) that are not mapped (UNMAPPED), using chunks of up to 2^max_cls slots where a
  * chunk aligned to its size fits in an unmapped run; PENDING/DONE granules are taken back as MAPPED. All or
  * nothing. Adds to live the granules that were not MAPPED before when `live` is set. */
 int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);

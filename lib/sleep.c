@@ -33,7 +33,7 @@ struct cvm_sleep {
 
 static size_t chunk_bytes(const struct cuvmm_region *r, const struct cvm_sleep_chunk *c)
 {
-	return r->gran << c->cls;
+	return r->dev->info.granularity << c->cls;
 }
 
 /* Copy between the chunks and the host buffer, coalescing adjacent chunks into spans and cutting spans
@@ -93,7 +93,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	if (!s)
 		return CUVMM_ENOMEM;
 	s->mode = mode;
-	for (size_t g = 0; g < r->npages; g += r->slot[g].chunk ? (size_t)1 << r->slot[g].chunk->cls : 1)
+	for (size_t g = 0; g < r->npages; g += r->slot[g].chunk ? cvm_span(r, r->slot[g].chunk) : 1)
 		n += r->slot[g].state == CVM_SLOT_MAPPED;
 	s->chunks = calloc(n ? n : 1, sizeof(*s->chunks));
 	kept = calloc(n ? n : 1, sizeof(*kept));
@@ -110,7 +110,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 			s->nchunks++;
 			s->host_bytes += c->size;
 		}
-		g += c ? (size_t)1 << c->cls : 1;
+		g += c ? cvm_span(r, c) : 1;
 	}
 	if (!stream) {
 		err = cvm_drv_device_sync(d, r->dev->index);
