@@ -261,7 +261,12 @@ uint64_t cvm_ctx_reclaim(struct cuvmm_ctx *ctx, uint64_t now, bool force, int de
 {
 	uint64_t next = UINT64_MAX, t;
 
-	pthread_mutex_lock(&ctx->clients_lock);
+	if (force) {
+		pthread_mutex_lock(&ctx->clients_lock);
+	} else if (pthread_mutex_trylock(&ctx->clients_lock)) {
+		/* Another pass (a trim, perhaps waiting for the GPU) is running: never wait behind it. */
+		return now + CVM_FENCE_POLL_NS;
+	}
 	for (struct cvm_client *c = ctx->clients.next; c != &ctx->clients; c = c->next) {
 		if (device >= 0 && c->dev->index != device)
 			continue;

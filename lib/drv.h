@@ -147,5 +147,10 @@ void cvm_host_gate_open(void);
 
 /* Monotonic time in nanoseconds. */
 uint64_t cvm_now_ns(void);
+/* Time from `then` to `now`, 0 if `then` is later (a stamp taken after a pass read its clock). */
+static inline uint64_t cvm_elapsed(uint64_t now, uint64_t then)
+{
+	return now > then ? now - then : 0;
+}
 
 #endif /* CVM_DRV_H */

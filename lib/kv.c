@@ -378,7 +378,7 @@ void *cuvmm_kv_tensor(const struct cuvmm_kv *kv, uint32_t tensor)
 
 int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 {
-	uint32_t *fresh, nfresh = 0, got = 0;
+	uint32_t *fresh, *got_ids, nfresh = 0, got = 0;
 	uint64_t t0;
 	int err = CUVMM_OK;
 
@@ -389,12 +389,14 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		pthread_mutex_unlock(&kv->lock);
 		return CUVMM_ENOSPC;
 	}
-	/* Each block maps at most two pages it does not share: room to record them for undo. */
-	fresh = malloc(((size_t)n * 2 + 2) * sizeof(*fresh));
+	/* Each block maps at most two pages it does not share: room to record them for undo; the ids go to
+	 * the caller's array only on success. */
+	fresh = malloc(((size_t)n * 3 + 2) * sizeof(*fresh));
 	if (!fresh) {
 		pthread_mutex_unlock(&kv->lock);
 		return CUVMM_ENOMEM;
 	}
+	got_ids = fresh + (size_t)n * 2 + 2;
 	t0 = cvm_now_ns();
 	while (got < n) {
 		uint32_t p = fullest(kv), b;
@@ -422,12 +424,12 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		err = take_block(kv, b, fresh, &nfresh);
 		if (err)
 			break;
-		ids[got++] = b;
+		got_ids[got++] = b;
 	}
 	if (err) {
 		/* All or nothing: give back the blocks and unmap the pages this call mapped. */
 		while (got > 0)
-			put_block(kv, ids[--got], NULL, t0);
+			put_block(kv, got_ids[--got], NULL, t0);
 		for (uint32_t i = 0; i < nfresh; i++) {
 			fence_put(kv, kv->pg[fresh[i]].fence);
 			kv->pg[fresh[i]].fence = NULL;
@@ -435,6 +437,7 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 			unmap_page(kv, fresh[i]);
 		}
 	} else {
+		memcpy(ids, got_ids, (size_t)n * sizeof(*ids));
 		kv->nblocks_live += n;
 		kv->last_alloc_ns = t0;
 		cvm_acct_live(&kv->acct, (int64_t)((size_t)n * kv->block_bytes * kv->tensors));
@@ -531,7 +534,7 @@ static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 		pthread_mutex_lock(&kv->lock);
 	else if (pthread_mutex_trylock(&kv->lock))
 		return now + CVM_FENCE_POLL_NS;
-	active = !force && kv->last_alloc_ns && now - kv->last_alloc_ns < (delay == UINT64_MAX ? 0 : delay);
+	active = !force && kv->last_alloc_ns && cvm_elapsed(now, kv->last_alloc_ns) < (delay == UINT64_MAX ? 0 : delay);
 	while (active && kv->empty_pages < kv->ahead) {
 		uint32_t p = unmapped_page(kv);
 
@@ -548,7 +551,7 @@ again:
 
 		if (!pg->mapped || pg->refs)
 			continue;
-		if (!force && (delay == UINT64_MAX || now - pg->empty_ns < delay)) {
+		if (!force && (delay == UINT64_MAX || cvm_elapsed(now, pg->empty_ns) < delay)) {
 			if (delay != UINT64_MAX && pg->empty_ns + delay < next)
 				next = pg->empty_ns + delay;
 			continue;

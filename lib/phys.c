@@ -133,9 +133,13 @@ static void chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
 	int err = cvm_drv_release(CVM_DRV(dev), &dev->cnt, dev->index, c->h);
 
 	if (err) {
-		/* The driver kept it: nothing to do but stop counting on it; the handle is lost either way. */
-		cvm_err("releasing a %zu-byte chunk on device %d failed: %s (CUresult %d)", c->size, dev->index,
-			cuvmm_strerror(err), cuvmm_last_driver_error());
+		/* The driver kept it, so it is still held: back into the cache, to be retried by a later pass. */
+		cvm_err("releasing a %zu-byte chunk on device %d failed: %s (CUresult %d); will retry", c->size,
+			dev->index, cuvmm_strerror(err), cuvmm_last_driver_error());
+		pthread_mutex_lock(&p->lock);
+		cache_insert(p, c);
+		pthread_mutex_unlock(&p->lock);
+		return;
 	}
 	pthread_mutex_lock(&p->lock);
 	p->held -= c->size;
@@ -188,6 +192,8 @@ int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt,
 	if (c != &p->cls[cls]) {
 		cache_remove(p, c);
 		pthread_mutex_unlock(&p->lock);
+		c->freed_ns = 0;
+		c->fresh = false;
 		*out = c;
 		return CUVMM_OK;
 	}
@@ -214,6 +220,7 @@ int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt,
 	}
 	c->size = size;
 	c->cls = (uint8_t)cls;
+	c->fresh = true;
 	err = cvm_drv_create(CVM_DRV(dev), cnt ? cnt : &dev->cnt, dev->index, size, &c->h);
 	if (err == CUVMM_ENOMEM) {
 		/* The device is full even though we are under our limit: give back the whole cache and retry. */
@@ -248,7 +255,9 @@ void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c)
 	struct cuvmm_ctx *ctx = p->dev->ctx;
 	uint64_t now = cvm_now_ns();
 
-	c->freed_ns = now;
+	/* A chunk that was already free before it was unmapped (a pool's slack) keeps its idle time. */
+	if (!c->freed_ns || c->freed_ns > now)
+		c->freed_ns = now;
 	pthread_mutex_lock(&p->lock);
 	cache_insert(p, c);
 	pthread_mutex_unlock(&p->lock);
@@ -277,7 +286,7 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 	}
 	/* Oldest first; the most recently freed keep_bytes stay. */
 	while ((c = p->age.anext) != &p->age && p->cached - c->size >= keep_bytes) {
-		if (!force && now - c->freed_ns < ctx->delay_ns) {
+		if (!force && cvm_elapsed(now, c->freed_ns) < ctx->delay_ns) {
 			next = c->freed_ns + ctx->delay_ns;
 			break;
 		}

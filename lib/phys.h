@@ -28,7 +28,8 @@ struct cvm_chunk {
 	cvm_handle h;
 	size_t size;
 	uint8_t cls;                    /* size == granularity << cls */
-	uint64_t freed_ns;              /* when it entered the cache */
+	bool fresh;                     /* created by the call now mapping it: a failed call releases it */
+	uint64_t freed_ns;              /* since when it is free: set on entering the cache unless set before */
 	struct cvm_chunk *cnext, *cprev; /* cache list of its class, most recently freed first */
 	struct cvm_chunk *anext, *aprev; /* cache list of all classes, oldest first, for release */
 };

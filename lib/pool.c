@@ -28,6 +28,8 @@ struct cvm_dfree {
 	cvm_event ev;
 };
 
+static void fp_add(struct cuvmm_pool *p, size_t granules, bool add);
+
 /* ----- size classes of small allocations: 256-byte steps to 1 KiB, then four steps per doubling ----- */
 
 static unsigned small_class(size_t s)
@@ -342,6 +344,10 @@ static void free_to_va(struct cuvmm_pool *p, struct cvm_run *run)
 	if (cvm_region_fence_locked(&p->r, NULL, &f))
 		return; /* no memory for the fence: leave it mapped, a later pass retries */
 	free_unlink(p, run);
+	/* The chunks have been idle since the run was freed: they carry that into the device's cache. */
+	for (size_t g = run->start; g < run->start + run->len; g++)
+		if (p->r.slot[g].chunk)
+			p->r.slot[g].chunk->freed_ns = run->freed_ns;
 	cvm_region_unmap_locked(&p->r, run->start, run->len, f);
 	run->kind = CVM_RUN_VA;
 	run->epoch = 0;
@@ -352,6 +358,7 @@ static void free_to_va(struct cuvmm_pool *p, struct cvm_run *run)
 /* Turn a USED or SLAB run into FREE after a free, fenced by `ev` on `stream` or by the device epoch. */
 static void run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream, cvm_event ev)
 {
+	fp_add(p, run->len, false);
 	run->kind = CVM_RUN_FREE;
 	run->bytes = 0;
 	run->slab = NULL;
@@ -363,12 +370,16 @@ static void run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stre
 	coalesce(p, run);
 }
 
-/* The slack allowed before the reclaim pass unmaps FREE memory early: 1/32 of the recent peak of live
- * bytes, and at least 8 granules, so a pool that cycles one allocation does not churn the driver. */
+/*
+ * The slack (FREE runs, plus the device's cached chunks) allowed before the reclaim pass gives memory back
+ * early: enough to refill the footprint up to its recent peak plus 1/32 of it, and at least 8 granules.
+ * Slack within that never raises held more than 1/32 above what the pool recently needed anyway; beyond
+ * it, memory waits for no delay.
+ */
 static size_t slack_cap(struct cuvmm_pool *p)
 {
 	size_t peak = p->win_peak > p->prev_peak ? p->win_peak : p->prev_peak;
-	size_t cap = peak >> 5, floor = gbytes(p, 8);
+	size_t cap = peak + (peak >> 5) > p->fp ? peak + (peak >> 5) - p->fp : 0, floor = gbytes(p, 8);
 
 	return cap > floor ? cap : floor;
 }
@@ -376,19 +387,37 @@ static size_t slack_cap(struct cuvmm_pool *p)
 static void live_add(struct cuvmm_pool *p, int64_t delta)
 {
 	p->live += (size_t)delta;
-	if (p->live > p->win_peak)
-		p->win_peak = p->live;
 	cvm_acct_live(&p->pacct, delta);
 }
 
-/* Largest chunk class for a fresh allocation of k granules: as large as the allocation allows (the
- * driver's cost is per handle), at most 2^CVM_POOL_MAX_CLS granules. */
+/* A run starts or stops holding allocations. */
+static void fp_add(struct cuvmm_pool *p, size_t granules, bool add)
+{
+	if (add) {
+		p->fp += gbytes(p, granules);
+		if (p->fp > p->win_peak)
+			p->win_peak = p->fp;
+	} else {
+		p->fp -= gbytes(p, granules);
+	}
+}
+
+/*
+ * Chunk class for a fresh allocation of k granules: handles of at most k/16 granules (and 128 MiB), so that
+ * the driver's per-handle cost shrinks with size while a later cut of this memory for an allocation of
+ * similar size always lands within the k/16 that cut_len() allows. Measured on the trace: handles as large
+ * as the allocation made FREE runs unusable for the next, slightly larger, allocation of the torch.cat
+ * pattern, and most mallocs mapped fresh memory.
+ */
 #define CVM_POOL_MAX_CLS 6
 
 static unsigned fresh_cls(size_t k)
 {
-	unsigned cls = 63 - (unsigned)__builtin_clzll(k);
+	unsigned cls;
 
+	if (k < 32)
+		return 0;
+	cls = 63 - (unsigned)__builtin_clzll(k / 16);
 	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
 }
 
@@ -457,6 +486,30 @@ static void drop_slack(struct cuvmm_pool *p)
 	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, 0);
 }
 
+/* Unmap the oldest FREE runs that are safe to unmap (no device sync here) while the slack exceeds its
+ * cap; their chunks go to the device's cache, where map_fresh finds them. Unsafe ones are left to the
+ * reclaim pass, which is woken to synchronise. */
+static void steal_slack(struct cuvmm_pool *p)
+{
+	size_t cap = slack_cap(p);
+	struct cvm_run *run, *next;
+	bool unsafe = false;
+
+	for (run = p->age.lnext; run != &p->age && p->free_bytes > cap; run = next) {
+		next = run->lnext;
+		if (cvm_dev_epoch_safe(p->r.dev, run->epoch))
+			free_to_va(p, run);
+		else
+			unsafe = true;
+	}
+	if (p->r.npending)
+		cvm_region_process_locked(&p->r, cvm_now_ns(), false);
+	if (unsafe) {
+		atomic_store_explicit(&p->want_sync, true, memory_order_relaxed);
+		cvm_ctx_kick(p->r.ctx, cvm_now_ns());
+	}
+}
+
 /* A run of k granules for a large allocation or a slab, from FREE memory if possible. */
 static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
 {
@@ -481,6 +534,10 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_r
 		*out = front;
 		return CUVMM_OK;
 	}
+	/* Slack beyond its cap moves to where it is needed instead of new memory being created: an unmap
+	 * and a map cost about what a create and a map do, and held stays where it was. */
+	if (p->free_bytes > slack_cap(p))
+		steal_slack(p);
 	err = map_fresh(p, k, out);
 	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
 		drop_slack(p);
@@ -534,6 +591,7 @@ static int slab_new(struct cuvmm_pool *p, unsigned cls, CUstream stream, struct 
 	s->run = run;
 	run->kind = CVM_RUN_SLAB;
 	run->slab = s;
+	fp_add(p, 1, true);
 	partial_insert(p, s);
 	*out = s;
 	return CUVMM_OK;
@@ -808,6 +866,7 @@ static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 		goto out;
 	run->kind = CVM_RUN_USED;
 	run->bytes = bytes;
+	fp_add(p, run->len, true);
 	live_add(p, (int64_t)bytes);
 	*ptr = (void *)(p->r.base + (run->start << p->r.gshift));
 out:
@@ -900,6 +959,9 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 	}
 out:
 	kick = !err && p->free_bytes > slack_cap(p);
+	if (kick && !async)
+		atomic_store_explicit(&p->want_sync, true, memory_order_relaxed);
+	/* (the cache is counted by the pass itself; reading it here would take the device mutex) */
 	pthread_mutex_unlock(&p->r.lock);
 	if (kick)
 		cvm_ctx_kick(p->r.ctx, cvm_now_ns());
@@ -933,9 +995,9 @@ static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, s
 	bool want_sync = false, synced = false;
 	size_t cap;
 
-	if (now - p->win_start > (ctx->delay_ns < 100000000u ? 100000000u : ctx->delay_ns)) {
+	if (cvm_elapsed(now, p->win_start) > (ctx->delay_ns < 100000000u ? 100000000u : ctx->delay_ns)) {
 		p->prev_peak = p->win_peak;
-		p->win_peak = p->live;
+		p->win_peak = p->fp;
 		p->win_start = now;
 	}
 again:
@@ -949,7 +1011,7 @@ again:
 			if (p->free_bytes - gbytes(p, run->len) < keep)
 				break;
 		} else if (p->free_bytes <= cap &&
-			   (ctx->delay_ns == UINT64_MAX || now - run->freed_ns < ctx->delay_ns)) {
+			   (ctx->delay_ns == UINT64_MAX || cvm_elapsed(now, run->freed_ns) < ctx->delay_ns)) {
 			if (ctx->delay_ns != UINT64_MAX)
 				deadline = run->freed_ns + ctx->delay_ns;
 			break;
@@ -980,6 +1042,9 @@ again:
 		if (t < deadline)
 			deadline = t;
 	}
+	if (!force && p->free_bytes + cvm_phys_cached(&p->r.dev->phys) > cap)
+		cvm_phys_reclaim(&p->r.dev->phys, now, true,
+				 cap > p->free_bytes ? cap - p->free_bytes : ctx->cfg.retain_bytes);
 	return deadline;
 }
 
@@ -988,6 +1053,10 @@ static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	struct cuvmm_pool *p = (struct cuvmm_pool *)c;
 	uint64_t next;
 
+	/* The synchronisation that makes slack safe to unmap needs no lock: do it first, so that even when
+	 * the pool is too busy for the pass below, its allocations can reuse the slack's chunks. */
+	if (!force && atomic_exchange_explicit(&p->want_sync, false, memory_order_relaxed))
+		cvm_dev_sync_epoch(p->r.dev);
 	if (force)
 		pthread_mutex_lock(&p->r.lock);
 	else if (pthread_mutex_trylock(&p->r.lock))
@@ -999,8 +1068,15 @@ static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 
 int cuvmm_pool_trim(struct cuvmm_pool *p, size_t keep_bytes)
 {
+	bool asleep;
+
 	if (!p)
 		return CUVMM_EINVAL;
+	pthread_mutex_lock(&p->r.lock);
+	asleep = p->r.sleep != NULL;
+	pthread_mutex_unlock(&p->r.lock);
+	if (asleep)
+		return CUVMM_ESTATE;
 	/* Stream frees first: wait for all work, so that every fence is complete. */
 	if (cvm_dev_sync_epoch(p->r.dev) == CUVMM_OK) {
 		pthread_mutex_lock(&p->r.lock);

@@ -63,9 +63,11 @@ struct cuvmm_pool {
 	struct cvm_dfree *dq_head, *dq_tail;   /* small frees on streams, oldest first */
 	size_t ndq;
 	size_t live;                   /* bytes handed out (under the lock; pacct mirrors it) */
-	size_t win_peak, prev_peak;    /* peak of live in this and the previous window, for the slack cap */
+	size_t fp;                     /* footprint: bytes of USED and SLAB runs */
+	size_t win_peak, prev_peak;    /* peak footprint in this and the previous window, for the slack cap */
 	uint64_t win_start;
 	struct cvm_acct pacct;         /* live bytes of the pool, feeding the device's */
+	_Atomic bool want_sync;        /* slack over its cap waits for a device sync (set by frees) */
 };
 
 #endif /* CVM_POOL_H */

@@ -143,7 +143,13 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 			g++;
 			continue;
 		}
-		if (chunk_unmap(r, g)) {
+		if (cvm_region_chunk_unmap_locked(r, g, &c) == CUVMM_OK) {
+			/* What this call created goes back to the driver; what it took from the cache, back there. */
+			if (c->fresh)
+				cvm_phys_release(&r->dev->phys, c);
+			else
+				cvm_phys_put(&r->dev->phys, c);
+		} else {
 			/* Stuck mapped: account it as pending so a later pass retries. */
 			for (size_t i = 0; i < cvm_span(r, c); i++)
 				r->slot[g + i].state = CVM_SLOT_DONE;
@@ -180,7 +186,10 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 				goto undo;
 			err = cvm_drv_map(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, j), c->size, c->h);
 			if (err) {
-				cvm_phys_put(&r->dev->phys, c);
+				if (c->fresh)
+					cvm_phys_release(&r->dev->phys, c);
+				else
+					cvm_phys_put(&r->dev->phys, c);
 				goto undo;
 			}
 			cvm_acct_mapped(&r->acct, (int64_t)c->size);
@@ -199,6 +208,7 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 		switch (r->slot[g].state) {
 		case CVM_SLOT_NEW:
 			r->slot[g].state = CVM_SLOT_MAPPED;
+			r->slot[g].chunk->fresh = false;
 			break;
 		case CVM_SLOT_PENDING:
 		case CVM_SLOT_DONE:
@@ -447,6 +457,8 @@ void cvm_region_fini(struct cuvmm_region *r)
 	if (cvm_drv_unreserve(d, r->dev->index, r->base, r->size))
 		cvm_err("freeing %zu bytes of address space at %p failed", r->size, (void *)r->base);
 	cvm_acct_reserved(&r->acct, -(int64_t)r->size);
+	/* What is still counted live (a sleeping region's, or chunks that could not be unmapped) goes too. */
+	cvm_acct_live(&r->acct, -(int64_t)atomic_load(&r->acct.live));
 	pthread_mutex_destroy(&r->lock);
 	free(r->slot);
 	free(r->spare_ev);

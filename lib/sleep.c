@@ -168,7 +168,10 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 			goto undo;
 		err = cvm_region_chunk_map_locked(r, s->chunks[i].g, c, CVM_SLOT_MAPPED);
 		if (err) {
-			cvm_phys_put(&r->dev->phys, c);
+			if (c->fresh)
+				cvm_phys_release(&r->dev->phys, c);
+			else
+				cvm_phys_put(&r->dev->phys, c);
 			goto undo;
 		}
 	}
@@ -178,6 +181,8 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 			goto undo;
 		cvm_drv_host_free(CVM_DRV(r->dev), s->host);
 	}
+	for (i = 0; i < s->nchunks; i++)
+		r->slot[s->chunks[i].g].chunk->fresh = false;
 	free(s->chunks);
 	free(s);
 	r->sleep = NULL;
@@ -185,8 +190,16 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 undo:
 	/* Nothing was written that matters: unmap what this call mapped; the host copy stays. */
 	while (i-- > 0) {
-		if (cvm_region_chunk_unmap_locked(r, s->chunks[i].g, NULL))
+		struct cvm_chunk *c;
+
+		if (cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &c)) {
 			cvm_err("wake: unmapping after a failure failed; granule %zu stays mapped", s->chunks[i].g);
+			continue;
+		}
+		if (c->fresh)
+			cvm_phys_release(&r->dev->phys, c);
+		else
+			cvm_phys_put(&r->dev->phys, c);
 	}
 	return err;
 }
