@@ -341,10 +341,18 @@ static void *bg_main(void *arg)
 
 int cuvmm_ctx_trim(struct cuvmm_ctx *ctx, int device, size_t keep_bytes)
 {
+	uint64_t failures = 0;
+
 	if (!ctx || device < -1 || device >= ctx->ndev)
 		return CUVMM_EINVAL;
+	for (int i = 0; i < ctx->ndev; i++)
+		if (atomic_load(&ctx->dev[i].opened))
+			failures += atomic_load(&ctx->dev[i].phys.release_failures);
 	cvm_ctx_reclaim(ctx, cvm_now_ns(), true, device, keep_bytes);
-	return CUVMM_OK;
+	for (int i = 0; i < ctx->ndev; i++)
+		if (atomic_load(&ctx->dev[i].opened))
+			failures -= atomic_load(&ctx->dev[i].phys.release_failures);
+	return failures ? CUVMM_EDRIVER : CUVMM_OK;
 }
 
 int cuvmm_ctx_stats(struct cuvmm_ctx *ctx, int device, struct cuvmm_stats *out)

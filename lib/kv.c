@@ -108,6 +108,26 @@ static void fence_put(struct cuvmm_kv *kv, struct cvm_kv_fence *f)
 	}
 }
 
+/* Undo of a failed call: unmap page p of tensors [0, n) at once (nothing used it), giving chunks this call
+ * created back to the driver and cached ones back to the cache, so held is as before the call. */
+static void unmap_page_undo(struct cuvmm_kv *kv, uint32_t p, uint32_t n)
+{
+	for (uint32_t t = 0; t < n; t++) {
+		struct cuvmm_region *r = &kv->t[t];
+		struct cvm_chunk *c;
+
+		pthread_mutex_lock(&r->lock);
+		if (cvm_region_chunk_unmap_locked(r, p, &c) == CUVMM_OK) {
+			cvm_acct_live(&r->acct, -(int64_t)r->gran);
+			if (c->fresh)
+				cvm_phys_release(&r->dev->phys, c);
+			else
+				cvm_phys_put(&r->dev->phys, c);
+		}
+		pthread_mutex_unlock(&r->lock);
+	}
+}
+
 static void unmap_page(struct cuvmm_kv *kv, uint32_t p)
 {
 	for (uint32_t t = 0; t < kv->tensors; t++) {
@@ -143,17 +163,7 @@ static int map_page(struct cuvmm_kv *kv, uint32_t p)
 			break;
 	}
 	if (err) {
-		while (t-- > 0) {
-			struct cuvmm_region *r = &kv->t[t];
-			struct cvm_fence *f;
-
-			pthread_mutex_lock(&r->lock);
-			if (cvm_region_fence_locked(r, NULL, &f) == CUVMM_OK) {
-				cvm_region_unmap_locked(r, p, 1, f);
-				cvm_region_process_locked(r, cvm_now_ns(), false);
-			}
-			pthread_mutex_unlock(&r->lock);
-		}
+		unmap_page_undo(kv, p, t);
 		return err;
 	}
 	kv->pg[p].mapped = true;
@@ -378,7 +388,7 @@ void *cuvmm_kv_tensor(const struct cuvmm_kv *kv, uint32_t tensor)
 
 int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 {
-	uint32_t *fresh, *got_ids, nfresh = 0, got = 0;
+	uint32_t *fresh, *got_ids, nfresh = 0, got = 0, ppb;
 	uint64_t t0;
 	int err = CUVMM_OK;
 
@@ -389,14 +399,15 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		pthread_mutex_unlock(&kv->lock);
 		return CUVMM_ENOSPC;
 	}
-	/* Each block maps at most two pages it does not share: room to record them for undo; the ids go to
-	 * the caller's array only on success. */
-	fresh = malloc(((size_t)n * 3 + 2) * sizeof(*fresh));
+	/* Each block maps at most the pages it touches, plus the page chosen for it: room to record them for
+	 * undo; the ids go to the caller's array only on success. */
+	ppb = (uint32_t)((kv->block_bytes + kv->t[0].gran - 1) >> page_shift(kv)) + 2;
+	fresh = malloc(((size_t)n * (ppb + 1) + 1) * sizeof(*fresh));
 	if (!fresh) {
 		pthread_mutex_unlock(&kv->lock);
 		return CUVMM_ENOMEM;
 	}
-	got_ids = fresh + (size_t)n * 2 + 2;
+	got_ids = fresh + (size_t)n * ppb + 1;
 	t0 = cvm_now_ns();
 	while (got < n) {
 		uint32_t p = fullest(kv), b;
@@ -431,10 +442,15 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		while (got > 0)
 			put_block(kv, got_ids[--got], NULL, t0);
 		for (uint32_t i = 0; i < nfresh; i++) {
-			fence_put(kv, kv->pg[fresh[i]].fence);
-			kv->pg[fresh[i]].fence = NULL;
+			struct cvm_kv_page *pg = &kv->pg[fresh[i]];
+
+			fence_put(kv, pg->fence);
+			pg->fence = NULL;
 			kv->empty_pages--;
-			unmap_page(kv, fresh[i]);
+			unmap_page_undo(kv, fresh[i], kv->tensors);
+			bucket_remove(kv, fresh[i]);
+			pg->mapped = false;
+			kv->mapped_pages--;
 		}
 	} else {
 		memcpy(ids, got_ids, (size_t)n * sizeof(*ids));
@@ -578,25 +594,70 @@ again:
 	return next;
 }
 
+/* A free home block of page p all of whose pages are mapped (a compaction destination), or NONE. */
+static uint32_t free_mapped_block(struct cuvmm_kv *kv, uint32_t p)
+{
+	uint32_t lo, hi, first, last;
+
+	page_blocks(kv, p, &lo, &hi);
+	for (uint32_t b = lo; b < hi; b++) {
+		bool ok = !busy(kv, b);
+
+		block_pages(kv, b, &first, &last);
+		for (uint32_t q = first; ok && q <= last; q++)
+			ok = kv->pg[q].mapped;
+		if (ok)
+			return b;
+	}
+	return NONE;
+}
+
+/* Free home blocks of page p that could take a block without mapping anything. */
+static uint32_t eligible_room(struct cuvmm_kv *kv, uint32_t p)
+{
+	uint32_t lo, hi, first, last, n = 0;
+
+	page_blocks(kv, p, &lo, &hi);
+	for (uint32_t b = lo; b < hi; b++) {
+		bool ok = !busy(kv, b);
+
+		block_pages(kv, b, &first, &last);
+		for (uint32_t q = first; ok && q <= last; q++)
+			ok = kv->pg[q].mapped;
+		n += ok;
+	}
+	return n;
+}
+
+/*
+ * Compaction plan. Sources are chosen up front: the sparsest pages in use (whose blocks all start on them),
+ * as many as the other mapped pages have room for; all of them leave the buckets before any move, so no
+ * block moves into a page that is being drained, and no block moves twice. Destinations are blocks whose
+ * pages are all mapped, so compaction never maps a page. On failure nothing stays allocated.
+ */
 int cuvmm_kv_compact(struct cuvmm_kv *kv, uint32_t max_moves, struct cuvmm_kv_move *moves, uint32_t *n_moves)
 {
-	uint32_t *order = NULL, nsrc = 0, n = 0;
+	uint32_t *order = NULL, *skipped = NULL, nsrc = 0, nskip = 0, n = 0, take = 0;
+	uint64_t room = 0, need = 0;
 	int err = CUVMM_OK;
 
 	if (!kv || !n_moves || (max_moves && !moves))
 		return CUVMM_EINVAL;
 	pthread_mutex_lock(&kv->lock);
 	order = malloc((size_t)kv->npages * sizeof(*order));
-	if (!order) {
+	skipped = malloc((size_t)kv->npages * sizeof(*skipped));
+	if (!order || !skipped) {
 		err = CUVMM_ENOMEM;
 		goto out;
 	}
-	/* Candidate sources: mapped pages in use whose blocks all have them as home (a straddling block
-	 * would keep a neighbour alive anyway), sparsest first. */
-	for (uint32_t p = 0; p < kv->npages; p++)
-		if (kv->pg[p].mapped && kv->pg[p].used && kv->pg[p].used == kv->pg[p].refs)
+	for (uint32_t p = 0; p < kv->npages; p++) {
+		if (!kv->pg[p].mapped)
+			continue;
+		room += eligible_room(kv, p);
+		if (kv->pg[p].used && kv->pg[p].used == kv->pg[p].refs)
 			order[nsrc++] = p;
-	for (uint32_t i = 1; i < nsrc; i++) { /* insertion sort by occupancy: pages are few */
+	}
+	for (uint32_t i = 1; i < nsrc; i++) { /* insertion sort by occupancy */
 		uint32_t p = order[i], j = i;
 
 		while (j > 0 && kv->pg[order[j - 1]].used > kv->pg[p].used) {
@@ -605,48 +666,55 @@ int cuvmm_kv_compact(struct cuvmm_kv *kv, uint32_t max_moves, struct cuvmm_kv_mo
 		}
 		order[j] = p;
 	}
-	/* Drain a source only if its blocks fit into fuller pages; take sources out of the buckets so no
-	 * block moves into a page that is being drained. */
-	for (uint32_t i = 0; i < nsrc; i++) {
-		uint32_t src = order[i], room = 0, lo, hi;
+	/* The longest prefix of sparse pages whose blocks fit in the room the rest leaves. */
+	for (; take < nsrc; take++) {
+		struct cvm_kv_page *pg = &kv->pg[order[take]];
 
-		if (n + kv->pg[src].used > max_moves)
+		uint32_t own = eligible_room(kv, order[take]);
+
+		if (need + pg->used > max_moves || need + pg->used > room - own)
 			break;
-		bucket_remove(kv, src);
-		for (uint32_t k = i + 1; k < nsrc; k++)
-			if (kv->pg[order[k]].in_bucket)
-				room += kv->pg[order[k]].cap - kv->pg[order[k]].used;
-		if (room < kv->pg[src].used) {
-			bucket_insert(kv, src);
-			break;
-		}
-		page_blocks(kv, src, &lo, &hi);
-		for (uint32_t b = lo; b < hi; b++) {
-			uint32_t dst, to, nf = 0, fresh[2];
+		need += pg->used;
+		room -= own;
+	}
+	for (uint32_t i = 0; i < take; i++)
+		bucket_remove(kv, order[i]);
+	for (uint32_t i = 0; i < take && !err; i++) {
+		uint32_t lo, hi;
+
+		page_blocks(kv, order[i], &lo, &hi);
+		for (uint32_t b = lo; b < hi && !err; b++) {
+			uint32_t dst, to = NONE, nf = 0, fresh[2];
 
 			if (!busy(kv, b))
 				continue;
-			/* A destination on a mapped page with room, so compaction never maps a page. */
-			dst = fullest(kv);
-			to = dst == NONE ? NONE : free_home_block(kv, dst);
+			while ((dst = fullest(kv)) != NONE && (to = free_mapped_block(kv, dst)) == NONE) {
+				bucket_remove(kv, dst); /* only straddling free blocks left there */
+				skipped[nskip++] = dst;
+			}
 			if (to == NONE || take_block(kv, to, fresh, &nf)) {
-				err = CUVMM_ENOMEM;
+				err = CUVMM_ENOMEM; /* not reached when the room count holds */
 				break;
 			}
 			moves[n].from = b;
 			moves[n].to = to;
 			n++;
-			kv->nblocks_live++;
-			cvm_acct_live(&kv->acct, (int64_t)(kv->block_bytes * kv->tensors));
 		}
-		if (err)
-			break;
 	}
-	/* Put drained sources back into the buckets (they empty out when the caller frees the sources). */
-	for (uint32_t i = 0; i < nsrc; i++)
+	if (err) {
+		while (n > 0)
+			put_block(kv, moves[--n].to, NULL, cvm_now_ns());
+	} else {
+		kv->nblocks_live += n;
+		cvm_acct_live(&kv->acct, (int64_t)((size_t)n * kv->block_bytes * kv->tensors));
+	}
+	for (uint32_t i = 0; i < take; i++)
 		bucket_insert(kv, order[i]);
+	for (uint32_t i = 0; i < nskip; i++)
+		bucket_insert(kv, skipped[i]);
 out:
 	free(order);
+	free(skipped);
 	if (!err)
 		*n_moves = n;
 	pthread_mutex_unlock(&kv->lock);

@@ -136,6 +136,7 @@ static void chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
 		/* The driver kept it, so it is still held: back into the cache, to be retried by a later pass. */
 		cvm_err("releasing a %zu-byte chunk on device %d failed: %s (CUresult %d); will retry", c->size,
 			dev->index, cuvmm_strerror(err), cuvmm_last_driver_error());
+		atomic_fetch_add(&p->release_failures, 1);
 		pthread_mutex_lock(&p->lock);
 		cache_insert(p, c);
 		pthread_mutex_unlock(&p->lock);

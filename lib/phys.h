@@ -28,7 +28,7 @@ struct cvm_chunk {
 	cvm_handle h;
 	size_t size;
 	uint8_t cls;                    /* size == granularity << cls */
-	bool fresh;                     /* created by the call now mapping it: a failed call releases it */
+	bool fresh;                     /* created and never cached: a failed call that mapped it releases it */
 	uint64_t freed_ns;              /* since when it is free: set on entering the cache unless set before */
 	struct cvm_chunk *cnext, *cprev; /* cache list of its class, most recently freed first */
 	struct cvm_chunk *anext, *aprev; /* cache list of all classes, oldest first, for release */
@@ -59,6 +59,7 @@ struct cvm_phys {
 	size_t limit;                           /* device_limit_bytes, or the device's memory */
 	size_t held;                            /* created and not released: cached + in use + being released */
 	size_t cached;                          /* in the cache */
+	_Atomic uint64_t release_failures;      /* releases the driver refused (the chunks stay cached) */
 	struct cvm_chunk cls[CVM_NCLASS];       /* list heads of the per-class caches */
 	struct cvm_chunk age;                   /* list head of the age list */
 };

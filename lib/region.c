@@ -29,6 +29,18 @@ void cvm_region_event_put_locked(struct cuvmm_region *r, cvm_event ev)
 {
 	if (!ev)
 		return;
+	if (r->nspare == r->spare_cap && r->waiters) {
+		/* A trim is waiting on events it read before it dropped the lock: keep them all alive. */
+		cvm_event *grown = realloc(r->spare_ev, 2 * r->spare_cap * sizeof(*grown));
+
+		if (grown) {
+			r->spare_ev = grown;
+			r->spare_cap *= 2;
+		} else {
+			cvm_warn("no memory to keep an event alive for a waiting trim; leaking it");
+			return;
+		}
+	}
 	if (r->nspare < r->spare_cap)
 		r->spare_ev[r->nspare++] = ev;
 	else
@@ -138,11 +150,13 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 {
 	for (size_t g = first; g < end;) {
 		struct cvm_chunk *c = r->slot[g].chunk;
+		size_t span;
 
 		if (r->slot[g].state != CVM_SLOT_NEW) {
 			g++;
 			continue;
 		}
+		span = cvm_span(r, c);
 		if (cvm_region_chunk_unmap_locked(r, g, &c) == CUVMM_OK) {
 			/* What this call created goes back to the driver; what it took from the cache, back there. */
 			if (c->fresh)
@@ -151,11 +165,11 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 				cvm_phys_put(&r->dev->phys, c);
 		} else {
 			/* Stuck mapped: account it as pending so a later pass retries. */
-			for (size_t i = 0; i < cvm_span(r, c); i++)
+			for (size_t i = 0; i < span; i++)
 				r->slot[g + i].state = CVM_SLOT_DONE;
-			r->npending += cvm_span(r, c);
+			r->npending += span;
 		}
-		g += cvm_span(r, c);
+		g += span;
 	}
 }
 
@@ -208,7 +222,6 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 		switch (r->slot[g].state) {
 		case CVM_SLOT_NEW:
 			r->slot[g].state = CVM_SLOT_MAPPED;
-			r->slot[g].chunk->fresh = false;
 			break;
 		case CVM_SLOT_PENDING:
 		case CVM_SLOT_DONE:
@@ -297,10 +310,12 @@ uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wa
 			for (f = r->fences; f; f = f->next)
 				if (f->ev)
 					evs[nev++] = f->ev;
+			r->waiters++;
 			pthread_mutex_unlock(&r->lock);
 			for (size_t i = 0; i < nev; i++)
 				cvm_drv_event_sync(d, r->dev->index, evs[i]);
 			pthread_mutex_lock(&r->lock);
+			r->waiters--;
 			free(evs);
 		}
 	}

@@ -58,6 +58,7 @@ struct cuvmm_region {
 	struct cvm_fence *fences;     /* pending unmaps, newest first */
 	cvm_event *spare_ev;          /* events kept for reuse, so an unmap rarely creates one */
 	size_t nspare, spare_cap;
+	unsigned waiters;             /* trims waiting on fence events without the lock: destroy none */
 	uint32_t next_fence_id;
 	size_t npending;              /* granules PENDING or DONE */
 	struct cvm_sleep *sleep;      /* non-NULL while asleep */

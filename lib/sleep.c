@@ -181,8 +181,6 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 			goto undo;
 		cvm_drv_host_free(CVM_DRV(r->dev), s->host);
 	}
-	for (i = 0; i < s->nchunks; i++)
-		r->slot[s->chunks[i].g].chunk->fresh = false;
 	free(s->chunks);
 	free(s);
 	r->sleep = NULL;
@@ -235,7 +233,8 @@ int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstr
 		/* Pending unmaps are not contents: finish them (waiting for their fences) before sleeping. */
 		if (r->npending)
 			cvm_region_process_locked(r, cvm_now_ns(), true);
-		err = r->npending ? CUVMM_EBUSY : cvm_region_sleep_locked(r, mode, stream);
+		/* Still pending: an unmap the driver refused (retried later); sleeping now would leave it mapped. */
+		err = r->npending ? CUVMM_EDRIVER : cvm_region_sleep_locked(r, mode, stream);
 	}
 	pthread_mutex_unlock(&r->lock);
 	/* Chunks of finished unmaps went to the device's cache: give those back too. */

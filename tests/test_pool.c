@@ -1,0 +1,2209 @@
+/*
+ * Pools: a model-based random test; fault injection at every driver call on the pool paths; bad input;
+ * release behaviour (idle delay with and without the background thread, never, retain_bytes, trim, the idle
+ * bound and the slack bound); stream-ordered reuse (the host backend's gate holds stream work "running");
+ * a multi-threaded stress with the background release running; and GPU checks (kernels writing pool memory
+ * while other threads free and trim, stream-ordered reuse across two real streams).
+ *
+ * The random test prints its seed. TEST_POOL_SEED=<n> replays a run, TEST_POOL_OPS=<n> changes its length.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "drv.h" /* cvm_host_gate_close/open */
+#include "gpu.h"
+
+#define SENTINEL ((void *)(uintptr_t)0x5e5e5e00)
+#define DEFAULT_SEED 20261202u
+
+static void teardown(void)
+{
+	cvm_host_gate_open();
+	tc_log_release();
+	tc_env_restore();
+}
+
+/* ----- contexts, pools, streams ----- */
+
+/* A context on this run's backend with the release settings spelled out (the environment does not leak in). */
+static struct cuvmm_ctx *new_ctx(int64_t delay_ms, bool background, size_t retain, size_t host_gran)
+{
+	struct cuvmm_config cfg;
+
+	tc_config(&cfg);
+	cfg.release_delay_ms = delay_ms;
+	cfg.background_release = background;
+	cfg.retain_bytes = retain;
+	cfg.device_limit_bytes = 0;
+	cfg.host_granularity = host_gran ? host_gran : 2 * TC_MiB;
+	return tc_ctx(&cfg);
+}
+
+static struct cuvmm_pool *new_pool(struct cuvmm_ctx *ctx, size_t max_bytes)
+{
+	struct cuvmm_pool_config pc;
+	struct cuvmm_pool *pool = NULL;
+	int err;
+
+	cuvmm_pool_config_init(&pc);
+	pc.max_bytes = max_bytes;
+	pc.name = "test";
+	err = cuvmm_pool_create(ctx, &pc, &pool);
+	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_create: %s", cuvmm_err_name(err));
+	ck_assert_ptr_nonnull(pool);
+	return pool;
+}
+
+/* The device's granularity, through the public API (a region reports it). */
+static size_t gran_of(struct cuvmm_ctx *ctx)
+{
+	struct cuvmm_region *r = NULL;
+	size_t g;
+
+	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 1, &r), CUVMM_OK);
+	g = cuvmm_region_granularity(r);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_gt(g, 0);
+	return g;
+}
+
+/* Two distinct streams: real ones on CUDA; on the host any distinct non-NULL values (tc_stream_create hands
+ * out the same value every time). */
+static CUstream new_stream(int i)
+{
+	CUstream s = NULL;
+
+	if (tc_on_host())
+		return (CUstream)(uintptr_t)(0x100 + 0x10 * i);
+	ck_assert_int_eq(tc_stream_create(&s), 0);
+	return s;
+}
+
+static struct cuvmm_stats pool_st(struct cuvmm_pool *pool)
+{
+	struct cuvmm_stats st;
+	int err;
+
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	err = cuvmm_pool_stats(pool, &st);
+	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_stats: %s", cuvmm_err_name(err));
+	return st;
+}
+
+static int64_t memfd_bytes(void)
+{
+	int64_t v = tc_memfd_bytes();
+
+	ck_assert_msg(v >= 0, "cannot read /proc/self/fd");
+	return v;
+}
+
+static void trim_ok(struct cuvmm_pool *pool, size_t keep)
+{
+	int err = cuvmm_pool_trim(pool, keep);
+
+	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_trim: %s", cuvmm_err_name(err));
+}
+
+/* ----- what the pool counts: a copy of the rule in lib/pool.c ----- */
+
+/* Largest size served from slabs: a quarter of a granule (four slots at least), at most 1 MiB. */
+static size_t small_max_of(size_t gran)
+{
+	size_t m = gran / 4 < TC_MiB ? gran / 4 : TC_MiB;
+
+	return m < 256 ? 0 : m;
+}
+
+/* Size classes: 256-byte steps to 1 KiB, then four steps per doubling (pool.c: small_class, class_size). */
+static size_t class_round(size_t s)
+{
+	unsigned p;
+	size_t step;
+
+	if (s <= 1024)
+		return (s + 255) / 256 * 256;
+	p = 63 - (unsigned)__builtin_clzll(s - 1); /* s in (2^p, 2^(p+1)] */
+	step = (size_t)1 << (p - 2);
+	return (s + step - 1) / step * step;
+}
+
+static size_t round_up(size_t v, size_t g)
+{
+	return (v + g - 1) / g * g;
+}
+
+/* Live bytes the pool reports for an allocation of `bytes`. */
+static size_t live_of(size_t bytes, size_t gran)
+{
+	return bytes <= small_max_of(gran) ? class_round(bytes) : bytes;
+}
+
+/* Address range an allocation occupies for sure: its slot, or its whole granules. */
+static size_t foot_of(size_t bytes, size_t gran)
+{
+	return bytes <= small_max_of(gran) ? class_round(bytes) : round_up(bytes, gran);
+}
+
+/* Granules a large allocation of k granules may take at most: cut_len in pool.c lets it extend to the end of
+ * the chunk it ends in, by up to max(1, k/16) granules. */
+static size_t max_granules(size_t k)
+{
+	return k + (k / 16 > 1 ? k / 16 : 1);
+}
+
+/* ----- contents: word i of an allocation filled with v holds v ^ i (the tests' kernels), tail bytes too ----- */
+
+static int pat_fill(void *p, size_t bytes, uint32_t v)
+{
+	size_t n = bytes / 4;
+	int r = n ? tc_fill(p, n, v) : 0;
+
+	if (tc_on_host())
+		for (size_t i = n * 4; i < bytes; i++)
+			((uint8_t *)p)[i] = (uint8_t)((v >> 8) ^ i);
+	return r;
+}
+
+static uint64_t pat_bad(const void *p, size_t bytes, uint32_t v)
+{
+	size_t n = bytes / 4;
+	uint64_t bad = n ? tc_check(p, n, v) : 0;
+
+	if (tc_on_host())
+		for (size_t i = n * 4; i < bytes; i++)
+			bad += ((const uint8_t *)p)[i] != (uint8_t)((v >> 8) ^ i);
+	return bad;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t env_u64(const char *name, uint64_t def)
+{
+	const char *s = getenv(name);
+
+	return s && *s ? strtoull(s, NULL, 0) : def;
+}
+
+static bool overlaps(uintptr_t a, size_t alen, uintptr_t b, size_t blen)
+{
+	return a < b + blen && b < a + alen;
+}
+
+/* =====================================================================================================
+ * The model: every live allocation (address, size, pattern), the live bytes the pool must report, and,
+ * while the gate is closed, which memory was freed on which stream (work that may still use it).
+ * ===================================================================================================== */
+
+#define M_LIVE_CAP (320 * TC_MiB) /* live bytes the random test keeps at most */
+
+struct m_alloc {
+	uintptr_t p;
+	size_t bytes, foot;
+	uint32_t v;
+};
+
+struct m_pend {
+	uintptr_t a, b; /* [a, b) was freed on stream s while the gate was closed */
+	CUstream s;
+};
+
+struct model {
+	const char *name;
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	size_t gran, small_max;
+	int64_t delay_ms;
+	CUstream s[2];
+	bool phases;        /* gate-closed phases allowed (host backend, no reclaim pass can need a sync) */
+	int phase_left;     /* > 0: the gate is closed */
+	struct m_alloc *a;
+	size_t n, cap;
+	struct m_pend *pd;
+	size_t npd, pdcap;
+	uint64_t live, reserved;
+	uint64_t seed, rng, step;
+	uint32_t next_v;
+	const char *op;
+	unsigned long nmalloc, nfree, nasync, ntrim, nphase, nsame, ndouble;
+};
+
+static char where_buf[256];
+
+static const char *where(const struct model *m)
+{
+	snprintf(where_buf, sizeof(where_buf), "[%s, seed %" PRIu64 ", step %" PRIu64 ", %s]", m->name, m->seed,
+		 m->step, m->op ? m->op : "-");
+	return where_buf;
+}
+
+static uint64_t m_rand(struct model *m, uint64_t n)
+{
+	return n ? splitmix(&m->rng) % n : 0;
+}
+
+static size_t m_size(struct model *m)
+{
+	uint64_t r = m_rand(m, 1000);
+	size_t g = m->gran, sm = m->small_max;
+	size_t bytes;
+
+	if (r < 60) {
+		const size_t edge[] = {1,      255,    256,    257,         1023,    1024,    1025,       4096,
+				       4097,   sm - 1, sm,     sm + 1,      TC_MiB,  TC_MiB + 1, g - 1,   g,
+				       g + 1,  2 * g,  3 * g + 1, 7 * g - 5, 17 * g, 64 * g + 1};
+
+		bytes = edge[m_rand(m, sizeof(edge) / sizeof(edge[0]))];
+	} else if (r < 600) {
+		bytes = 1 + m_rand(m, (uint64_t)2 << m_rand(m, 12)); /* 1 B .. 4 KiB, mostly tiny */
+	} else if (r < 820) {
+		bytes = 4096 + m_rand(m, (uint64_t)4096 << m_rand(m, 9)); /* 4 KiB .. 1 MiB */
+	} else if (r < 955) {
+		bytes = TC_MiB + m_rand(m, 7 * TC_MiB);
+	} else if (r < 995) {
+		bytes = 8 * TC_MiB + m_rand(m, 32 * TC_MiB);
+	} else {
+		bytes = 64 * TC_MiB + 1 + m_rand(m, 96 * TC_MiB); /* large chunks (class 5 and 6) */
+	}
+	if (m->live + bytes > M_LIVE_CAP)
+		bytes = 1 + m_rand(m, 4096);
+	return bytes;
+}
+
+/* Lower bound of what the pool must have mapped for the live allocations (distinct slab granules of the small
+ * ones, whole granules of the large ones) and the upper bound once all free memory is given back (a slab or
+ * a large allocation may extend to the end of its chunk, see max_granules). */
+static int cmp_uptr(const void *x, const void *y)
+{
+	uintptr_t a = *(const uintptr_t *)x, b = *(const uintptr_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+static void m_bounds(struct model *m, uint64_t *lo, uint64_t *hi)
+{
+	uintptr_t *gs = malloc((m->n + 1) * sizeof(*gs));
+	size_t ng = 0, slabs = 0;
+
+	ck_assert_ptr_nonnull(gs);
+	*lo = *hi = 0;
+	for (size_t i = 0; i < m->n; i++) {
+		if (m->a[i].bytes <= m->small_max) {
+			gs[ng++] = m->a[i].p / m->gran;
+		} else {
+			size_t k = m->a[i].foot / m->gran;
+
+			*lo += k * m->gran;
+			*hi += max_granules(k) * m->gran;
+		}
+	}
+	qsort(gs, ng, sizeof(*gs), cmp_uptr);
+	for (size_t i = 0; i < ng; i++)
+		slabs += i == 0 || gs[i] != gs[i - 1];
+	free(gs);
+	*lo += slabs * m->gran;
+	*hi += slabs * max_granules(1) * m->gran;
+}
+
+static void m_check(struct model *m, bool os)
+{
+	struct cuvmm_stats ps = pool_st(m->pool), cs = tc_ctx_stats(m->ctx);
+	uint64_t lo, hi;
+
+	ck_assert_msg(ps.live_bytes == m->live, "%s pool live %" PRIu64 ", model %" PRIu64, where(m), ps.live_bytes,
+		      m->live);
+	ck_assert_msg(cs.live_bytes == ps.live_bytes, "%s device live %" PRIu64 " != pool live %" PRIu64, where(m),
+		      cs.live_bytes, ps.live_bytes);
+	ck_assert_msg(ps.held_bytes == ps.mapped_bytes, "%s pool held %" PRIu64 " != mapped %" PRIu64, where(m),
+		      ps.held_bytes, ps.mapped_bytes);
+	ck_assert_msg(ps.reserved_bytes == m->reserved, "%s pool reserved changed", where(m));
+	ck_assert_msg(cs.mapped_bytes == ps.mapped_bytes, "%s device mapped %" PRIu64 " != pool mapped %" PRIu64,
+		      where(m), cs.mapped_bytes, ps.mapped_bytes);
+	ck_assert_msg(cs.held_bytes >= cs.mapped_bytes, "%s device held < mapped", where(m));
+	ck_assert_msg(ps.peak_live_bytes >= ps.live_bytes && ps.peak_held_bytes >= ps.held_bytes, "%s peaks", where(m));
+	m_bounds(m, &lo, &hi);
+	ck_assert_msg(ps.mapped_bytes >= lo, "%s pool maps %" PRIu64 " bytes, the live allocations need %" PRIu64,
+		      where(m), ps.mapped_bytes, lo);
+	if (os && tc_on_host()) {
+		int64_t fd = memfd_bytes();
+
+		ck_assert_msg((uint64_t)fd == cs.held_bytes, "%s the OS sees %" PRId64 " bytes in memfds, held %" PRIu64,
+			      where(m), fd, cs.held_bytes);
+	}
+}
+
+static void m_verify_one(struct model *m, size_t i)
+{
+	struct m_alloc *a = &m->a[i];
+	uint64_t bad = pat_bad((void *)a->p, a->bytes, a->v);
+
+	ck_assert_msg(bad == 0, "%s allocation %#" PRIxPTR " (%zu bytes) lost its contents: %" PRIu64 " bad words",
+		      where(m), a->p, a->bytes, bad);
+}
+
+/* Take [c, d) out of the pending ranges of stream s: that memory was handed out again on s. */
+static void m_pend_cut(struct model *m, uintptr_t c, uintptr_t d, CUstream s)
+{
+	size_t n = m->npd;
+
+	for (size_t i = 0; i < n; i++) {
+		struct m_pend e = m->pd[i];
+
+		if (e.s != s || e.b <= c || d <= e.a)
+			continue;
+		if (e.a < c) {
+			m->pd[i].b = c;
+			if (d < e.b) {
+				if (m->npd == m->pdcap) {
+					m->pdcap = m->pdcap ? 2 * m->pdcap : 64;
+					m->pd = realloc(m->pd, m->pdcap * sizeof(*m->pd));
+					ck_assert_ptr_nonnull(m->pd);
+				}
+				m->pd[m->npd++] = (struct m_pend){d, e.b, s};
+			}
+		} else if (d < e.b) {
+			m->pd[i].a = d;
+		} else {
+			m->pd[i].a = m->pd[i].b = 0; /* emptied */
+		}
+	}
+}
+
+static void m_pend_add(struct model *m, uintptr_t a, uintptr_t b, CUstream s)
+{
+	if (m->npd == m->pdcap) {
+		m->pdcap = m->pdcap ? 2 * m->pdcap : 64;
+		m->pd = realloc(m->pd, m->pdcap * sizeof(*m->pd));
+		ck_assert_ptr_nonnull(m->pd);
+	}
+	m->pd[m->npd++] = (struct m_pend){a, b, s};
+}
+
+static void m_malloc(struct model *m)
+{
+	size_t bytes = m_size(m), foot = foot_of(bytes, m->gran);
+	int how = (int)m_rand(m, 4); /* cuvmm_malloc, async on s[0], async on s[1], async on NULL */
+	CUstream s = how == 1 ? m->s[0] : how == 2 ? m->s[1] : NULL;
+	void *ptr = SENTINEL;
+	uintptr_t p;
+	int err;
+
+	m->op = how ? "malloc_async" : "malloc";
+	err = how ? cuvmm_malloc_async(m->pool, bytes, s, &ptr) : cuvmm_malloc(m->pool, bytes, &ptr);
+	ck_assert_msg(err == CUVMM_OK, "%s malloc of %zu bytes: %s", where(m), bytes, cuvmm_err_name(err));
+	p = (uintptr_t)ptr;
+	ck_assert_msg(p && p % 256 == 0, "%s %#" PRIxPTR " is not aligned to 256", where(m), p);
+	if (bytes > m->small_max)
+		ck_assert_msg(p % m->gran == 0, "%s large allocation %#" PRIxPTR " not granule-aligned", where(m), p);
+	for (size_t i = 0; i < m->n; i++)
+		ck_assert_msg(!overlaps(p, foot, m->a[i].p, m->a[i].foot),
+			      "%s [%#" PRIxPTR ", +%zu) overlaps live [%#" PRIxPTR ", +%zu)", where(m), p, foot,
+			      m->a[i].p, m->a[i].foot);
+	if (m->phase_left > 0) {
+		bool same = false;
+
+		for (size_t i = 0; i < m->npd; i++) {
+			if (!overlaps(p, foot, m->pd[i].a, m->pd[i].b - m->pd[i].a))
+				continue;
+			ck_assert_msg(s && m->pd[i].s == s,
+				      "%s memory freed on stream %p while its work may still run was handed to %s %p: "
+				      "[%#" PRIxPTR ", +%zu) overlaps [%#" PRIxPTR ", %#" PRIxPTR ")",
+				      where(m), (void *)m->pd[i].s, s ? "stream" : "a stream-less allocation",
+				      (void *)s, p, foot, m->pd[i].a, m->pd[i].b);
+			same = true;
+		}
+		if (same) {
+			/* A large allocation may also have taken the granules up to its chunk's end. */
+			size_t cut = bytes > m->small_max ? max_granules(foot / m->gran) * m->gran : foot;
+
+			if (getenv("XTOL") && bytes <= m->small_max)
+				m_pend_cut(m, p / m->gran * m->gran, p / m->gran * m->gran + 2 * m->gran, s);
+			m_pend_cut(m, p, p + cut, s);
+			m->nsame++;
+		}
+	}
+	if (m->n == m->cap) {
+		m->cap = m->cap ? 2 * m->cap : 256;
+		m->a = realloc(m->a, m->cap * sizeof(*m->a));
+		ck_assert_ptr_nonnull(m->a);
+	}
+	m->a[m->n] = (struct m_alloc){p, bytes, foot, (m->next_v++ * 2654435761u) ^ 0x5bd1e995u};
+	ck_assert_int_eq(pat_fill(ptr, bytes, m->a[m->n].v), 0);
+	m->n++;
+	m->live += live_of(bytes, m->gran);
+	m->nmalloc++;
+}
+
+static void m_free(struct model *m)
+{
+	size_t i = m_rand(m, m->n);
+	struct m_alloc a = m->a[i];
+	int how = m->phase_left > 0 ? 1 + (int)m_rand(m, 2) : (int)m_rand(m, 4); /* free, s[0], s[1], async NULL */
+	CUstream s = how == 1 ? m->s[0] : how == 2 ? m->s[1] : NULL;
+	int err;
+
+	m->op = how ? "free_async" : "free";
+	m_verify_one(m, i);
+	err = how ? cuvmm_free_async(m->pool, (void *)a.p, s) : cuvmm_free(m->pool, (void *)a.p);
+	ck_assert_msg(err == CUVMM_OK, "%s free of %#" PRIxPTR ": %s", where(m), a.p, cuvmm_err_name(err));
+	if (m->phase_left > 0)
+		m_pend_add(m, a.p, a.p + a.foot, s);
+	m->a[i] = m->a[--m->n];
+	m->live -= live_of(a.bytes, m->gran);
+	m->nfree++;
+	m->nasync += how != 0;
+	if (m_rand(m, 16) == 0) {
+		/* A double free is refused and changes nothing. */
+		struct cuvmm_stats before = pool_st(m->pool), after;
+
+		m->op = "double free";
+		err = m_rand(m, 2) ? cuvmm_free(m->pool, (void *)a.p) : cuvmm_free_async(m->pool, (void *)a.p, m->s[0]);
+		ck_assert_msg(err == CUVMM_EINVAL, "%s double free of %#" PRIxPTR ": %s", where(m), a.p,
+			      cuvmm_err_name(err));
+		after = pool_st(m->pool);
+		ck_assert_msg(after.live_bytes == before.live_bytes, "%s double free changed live", where(m));
+		m->ndouble++;
+	}
+}
+
+static void m_trim(struct model *m)
+{
+	uint64_t r = m_rand(m, 100), lo, hi;
+	size_t keep = r < 50 ? 0 : r < 65 ? SIZE_MAX : (size_t)m_rand(m, 64 * TC_MiB);
+	struct cuvmm_stats before = pool_st(m->pool), after, cs;
+
+	m->op = "trim";
+	trim_ok(m->pool, keep);
+	after = pool_st(m->pool);
+	cs = tc_ctx_stats(m->ctx);
+	m->ntrim++;
+	if (keep == SIZE_MAX) {
+		ck_assert_msg(after.mapped_bytes == before.mapped_bytes, "%s trim(SIZE_MAX) unmapped memory", where(m));
+		return;
+	}
+	ck_assert_msg(after.mapped_bytes <= before.mapped_bytes, "%s trim mapped memory", where(m));
+	/* The device's cache keeps keep_bytes too (oldest chunks go first, so up to one chunk more). */
+	ck_assert_msg(cs.held_bytes - cs.mapped_bytes < (keep ? keep + 64 * m->gran : 1),
+		      "%s trim(%zu) left %" PRIu64 " bytes cached", where(m), keep, cs.held_bytes - cs.mapped_bytes);
+	if (keep == 0) {
+		m_bounds(m, &lo, &hi);
+		ck_assert_msg(after.mapped_bytes <= hi,
+			      "%s after trim(0) the pool maps %" PRIu64 " bytes; the live allocations take at most %" PRIu64,
+			      where(m), after.mapped_bytes, hi);
+		ck_assert_msg(cs.held_bytes == after.mapped_bytes, "%s after trim(0) the device holds %" PRIu64
+			      " bytes, the pool maps %" PRIu64, where(m), cs.held_bytes, after.mapped_bytes);
+	}
+}
+
+static void m_phase_begin(struct model *m)
+{
+	m->op = "gate close";
+	/* A device sync first: every stream-less free so far becomes safe to unmap, so no reclaim pass needs a
+	 * sync (which would wait for the gate) while it is closed. Only stream frees happen in the phase. */
+	trim_ok(m->pool, SIZE_MAX);
+	cvm_host_gate_close();
+	m->phase_left = 20 + (int)m_rand(m, 100);
+	m->nphase++;
+}
+
+static void m_phase_end(struct model *m)
+{
+	m->op = "gate open";
+	cvm_host_gate_open();
+	m->phase_left = 0;
+	m->npd = 0;
+}
+
+static void m_step(struct model *m)
+{
+	uint64_t r = m_rand(m, 1000);
+
+	m->step++;
+	m->op = NULL;
+	if (m->phase_left > 0) {
+		if (m->phase_left == 1)
+			m_phase_end(m);
+		else if (m->n == 0 || r < 450)
+			m_malloc(m);
+		else if (r < 850)
+			m_free(m);
+		if (m->phase_left > 0)
+			m->phase_left--;
+	} else if (m->n == 0 || (r < 440 && m->live < M_LIVE_CAP)) {
+		m_malloc(m);
+	} else if (r < 820) {
+		m_free(m);
+	} else if (r < 845) {
+		m_trim(m);
+	} else if (r < 855 && m->phases) {
+		m_phase_begin(m);
+	} else if (r < 865 && m->delay_ms > 0) {
+		m->op = "sleep";
+		tc_sleep_ms(1 + (int)m_rand(m, 3));
+	} else if (m->n) {
+		/* An interior pointer is refused. */
+		size_t i = m_rand(m, m->n);
+
+		m->op = "interior free";
+		if (m->a[i].foot > 256)
+			ck_assert_msg(cuvmm_free(m->pool, (void *)(m->a[i].p + 256)) == CUVMM_EINVAL,
+				      "%s interior pointer accepted", where(m));
+	}
+	m->op = "check";
+	m_check(m, m->step % 4 == 0 || r >= 820);
+	if (m->n)
+		m_verify_one(m, m_rand(m, m->n));
+}
+
+static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool phases, uint64_t ops)
+{
+	struct model m;
+	uint64_t t0 = tc_now_ms();
+	struct cuvmm_stats ps, cs;
+
+	memset(&m, 0, sizeof(m));
+	m.name = name;
+	m.seed = env_u64("TEST_POOL_SEED", DEFAULT_SEED);
+	m.rng = m.seed ^ (uint64_t)strlen(name) * 0x100000001b3ull;
+	ops = env_u64("TEST_POOL_OPS", ops);
+	m.delay_ms = delay_ms;
+	m.ctx = new_ctx(delay_ms, false, 0, host_gran);
+	m.gran = gran_of(m.ctx);
+	m.small_max = small_max_of(m.gran);
+	m.pool = new_pool(m.ctx, 0);
+	m.reserved = pool_st(m.pool).reserved_bytes;
+	m.phases = phases && tc_on_host() && delay_ms != 0;
+	m.s[0] = new_stream(0);
+	m.s[1] = new_stream(1);
+	printf("model %s: seed %" PRIu64 " (TEST_POOL_SEED=%" PRIu64 " replays), %" PRIu64 " ops, granularity %zu KiB, "
+	       "slabs up to %zu KiB\n", name, m.seed, m.seed, ops, m.gran >> 10, m.small_max >> 10);
+	while (m.step < ops)
+		m_step(&m);
+	if (m.phase_left > 0)
+		m_phase_end(&m);
+
+	/* Everything back. */
+	m.op = "final free";
+	while (m.n) {
+		m_verify_one(&m, m.n - 1);
+		ck_assert_int_eq(cuvmm_free(m.pool, (void *)m.a[m.n - 1].p), CUVMM_OK);
+		m.live -= live_of(m.a[m.n - 1].bytes, m.gran);
+		m.n--;
+	}
+	m_check(&m, true);
+	ps = pool_st(m.pool);
+	cs = tc_ctx_stats(m.ctx);
+	printf("model %s: %" PRIu64 " ops in %" PRIu64 " ms: %lu malloc, %lu free (%lu on streams), %lu trim, "
+	       "%lu double frees, %lu gate phases with %lu same-stream reuses; peak live %" PRIu64 " MiB, "
+	       "peak held %" PRIu64 " MiB (pool), %" PRIu64 " MiB (device)\n",
+	       name, ops, tc_now_ms() - t0, m.nmalloc, m.nfree, m.nasync, m.ntrim, m.ndouble, m.nphase, m.nsame,
+	       ps.peak_live_bytes >> 20, ps.peak_held_bytes >> 20, cs.peak_held_bytes >> 20);
+	trim_ok(m.pool, 0);
+	ps = pool_st(m.pool);
+	cs = tc_ctx_stats(m.ctx);
+	ck_assert_uint_eq(ps.live_bytes, 0);
+	ck_assert_uint_eq(ps.mapped_bytes, 0);
+	ck_assert_uint_eq(ps.held_bytes, 0);
+	ck_assert_uint_eq(cs.held_bytes, 0);
+	tc_assert_os_matches(m.ctx);
+	cuvmm_pool_destroy(m.pool);
+	tc_stream_destroy(m.s[0]);
+	tc_stream_destroy(m.s[1]);
+	cuvmm_ctx_destroy(m.ctx);
+	if (tc_on_host())
+		ck_assert_int_eq(memfd_bytes(), 0);
+	free(m.a);
+	free(m.pd);
+}
+
+/* Reclaim passes run inside the calls (no background thread) with a short delay; gate phases on the host. */
+START_TEST(test_model_short_delay)
+{
+	run_model("delay 3 ms", 3, 0, true, 3000);
+}
+END_TEST
+
+/* Every free given back at once; 4 MiB host granules, so slabs serve up to 1 MiB. */
+START_TEST(test_model_delay_zero)
+{
+	run_model("delay 0, 4 MiB granules", 0, 4 * TC_MiB, false, 1500);
+}
+END_TEST
+
+/* Nothing given back by time: only the slack cap and trim. */
+START_TEST(test_model_never)
+{
+	run_model("delay never", -1, 0, true, 1500);
+}
+END_TEST
+
+/* =====================================================================================================
+ * Fault injection: after a failed call the pool is as before, nothing leaked, and it still works.
+ * ===================================================================================================== */
+
+struct snap {
+	struct cuvmm_stats p, d;
+	int64_t fd;
+};
+
+static struct snap snap_of(struct cuvmm_ctx *ctx, struct cuvmm_pool *pool)
+{
+	struct snap s;
+
+	s.p = pool_st(pool);
+	s.d = tc_ctx_stats(ctx);
+	s.fd = tc_on_host() ? memfd_bytes() : 0;
+	return s;
+}
+
+#define U(x) ((unsigned long long)(x))
+
+/* The pool's bytes as before, the device's mapped/live/reserved as before, and the OS agreeing with held. */
+static void assert_pool_same(const struct snap *a, const struct snap *b, const char *what)
+{
+	ck_assert_msg(b->p.live_bytes == a->p.live_bytes && b->p.mapped_bytes == a->p.mapped_bytes &&
+			      b->p.held_bytes == a->p.held_bytes && b->p.reserved_bytes == a->p.reserved_bytes,
+		      "%s: pool live/mapped/held/reserved %llu/%llu/%llu/%llu, before %llu/%llu/%llu/%llu", what,
+		      U(b->p.live_bytes), U(b->p.mapped_bytes), U(b->p.held_bytes), U(b->p.reserved_bytes),
+		      U(a->p.live_bytes), U(a->p.mapped_bytes), U(a->p.held_bytes), U(a->p.reserved_bytes));
+	ck_assert_msg(b->d.live_bytes == a->d.live_bytes && b->d.mapped_bytes == a->d.mapped_bytes &&
+			      b->d.reserved_bytes == a->d.reserved_bytes,
+		      "%s: device live/mapped/reserved %llu/%llu/%llu, before %llu/%llu/%llu", what, U(b->d.live_bytes),
+		      U(b->d.mapped_bytes), U(b->d.reserved_bytes), U(a->d.live_bytes), U(a->d.mapped_bytes),
+		      U(a->d.reserved_bytes));
+	if (tc_on_host())
+		ck_assert_msg((uint64_t)b->fd == b->d.held_bytes, "%s: the OS sees %lld bytes in memfds, held %llu", what,
+			      (long long)b->fd, U(b->d.held_bytes));
+}
+
+/* Live allocations of the pool that a failure must leave alone. */
+#define NOTHERS 4
+struct others {
+	void *p[NOTHERS];
+	size_t bytes[NOTHERS];
+	uint32_t v[NOTHERS];
+};
+
+static void others_make(struct cuvmm_pool *pool, struct others *o)
+{
+	static const size_t sizes[NOTHERS] = {1000, 100, 5 * TC_MiB + 3, 300 * TC_KiB};
+
+	for (int i = 0; i < NOTHERS; i++) {
+		o->bytes[i] = sizes[i];
+		o->v[i] = 0x0dd00000u + (uint32_t)i;
+		ck_assert_int_eq(cuvmm_malloc(pool, sizes[i], &o->p[i]), CUVMM_OK);
+		ck_assert_int_eq(pat_fill(o->p[i], sizes[i], o->v[i]), 0);
+	}
+}
+
+static void others_check(const struct others *o, const char *what)
+{
+	for (int i = 0; i < NOTHERS; i++)
+		ck_assert_msg(pat_bad(o->p[i], o->bytes[i], o->v[i]) == 0, "%s: another allocation lost its contents",
+			      what);
+}
+
+static void others_free(struct cuvmm_pool *pool, struct others *o)
+{
+	others_check(o, "at the end");
+	for (int i = 0; i < NOTHERS; i++)
+		ck_assert_int_eq(cuvmm_free(pool, o->p[i]), CUVMM_OK);
+}
+
+/* A malloc/free of `bytes` works, with its contents. */
+static void usable(struct cuvmm_pool *pool, size_t bytes, const char *what)
+{
+	void *p = NULL;
+	int err = cuvmm_malloc(pool, bytes, &p);
+
+	ck_assert_msg(err == CUVMM_OK, "%s: the next malloc(%zu) fails: %s", what, bytes, cuvmm_err_name(err));
+	ck_assert_int_eq(pat_fill(p, bytes, 0xfeed), 0);
+	ck_assert_msg(pat_bad(p, bytes, 0xfeed) == 0, "%s: the next allocation does not keep its contents", what);
+	ck_assert_int_eq(cuvmm_free(pool, p), CUVMM_OK);
+}
+
+static void inject(struct cuvmm_ctx *ctx, enum cuvmm_call call, uint64_t skip, uint32_t count, int err)
+{
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, skip, count, err), CUVMM_OK);
+}
+
+static const char *call_name(enum cuvmm_call c)
+{
+	static const char *const names[] = {"RESERVE", "UNRESERVE", "CREATE", "RELEASE", "MAP", "UNMAP",
+					    "SET_ACCESS", "EVENT_CREATE", "EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC",
+					    "DEVICE_SYNC", "STREAM_WAIT", "HOST_ALLOC", "COPY"};
+
+	return (unsigned)c < sizeof(names) / sizeof(names[0]) ? names[c] : "?";
+}
+
+/*
+ * A malloc that needs fresh memory, with CREATE, MAP or SET_ACCESS failing at the first, a middle or the last
+ * chunk (a 7-granule allocation maps chunks of 4, 2 and 1 granules with one SET_ACCESS; a new slab one chunk).
+ * The fault stays on (a failed ENOMEM is retried once the pool gave its slack back, see below).
+ */
+START_TEST(test_fault_malloc_fresh)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	const size_t sizes[2] = {3000, 7 * g - 100}; /* a new slab (its class is not in use); chunks of 4, 2, 1 */
+	static const struct {
+		enum cuvmm_call call;
+		unsigned calls_large; /* calls a fresh 7-granule allocation makes */
+	} calls[] = {{CUVMM_CALL_CREATE, 3}, {CUVMM_CALL_MAP, 3}, {CUVMM_CALL_SET_ACCESS, 1}};
+	static const int errs[2] = {CUVMM_ENOMEM, CUVMM_EDRIVER};
+	char held_report[4096] = "";
+	size_t held_len = 0;
+	int cases = 0, held_cases = 0;
+	struct others o;
+
+	others_make(pool, &o);
+	for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++) {
+		for (int si = 0; si < 2; si++) {
+			unsigned nskip = si == 0 ? 1 : calls[c].calls_large;
+
+			for (unsigned skip = 0; skip < nskip; skip++) {
+				for (int e = 0; e < 2; e++) {
+					char what[160];
+					struct snap before, after;
+					uint64_t n0;
+					void *p = SENTINEL;
+					int err;
+
+					snprintf(what, sizeof(what), "%s failing with %s after %u calls in malloc(%zu)",
+						 call_name(calls[c].call), cuvmm_err_name(errs[e]), skip, sizes[si]);
+					trim_ok(pool, 0); /* no free memory, nothing cached: the malloc maps fresh chunks */
+					before = snap_of(ctx, pool);
+					n0 = cuvmm_ctx_call_count(ctx, calls[c].call);
+					inject(ctx, calls[c].call, skip, UINT32_MAX, errs[e]);
+					err = cuvmm_malloc(pool, sizes[si], &p);
+					inject(ctx, calls[c].call, 0, 0, errs[e]);
+					ck_assert_msg(err == errs[e], "%s: returned %s", what, cuvmm_err_name(err));
+					ck_assert_msg(p == SENTINEL, "%s: *ptr was written", what);
+					ck_assert_msg(cuvmm_ctx_call_count(ctx, calls[c].call) > n0 + skip,
+						      "%s: the call was not reached", what);
+					after = snap_of(ctx, pool);
+					assert_pool_same(&before, &after, what);
+					cases++;
+					if (after.d.held_bytes != before.d.held_bytes) {
+						/* Chunks the failed call created, kept in the device's cache. */
+						held_cases++;
+						held_len += (size_t)snprintf(held_report + held_len,
+									     held_len < sizeof(held_report) ? sizeof(held_report) - held_len : 0,
+									     "\n  %s: held %llu -> %llu", what,
+									     U(before.d.held_bytes), U(after.d.held_bytes));
+						if (held_len >= sizeof(held_report))
+							held_len = sizeof(held_report) - 1;
+					}
+					others_check(&o, what);
+					usable(pool, sizes[si], what);
+				}
+			}
+		}
+	}
+	trim_ok(pool, 0);
+	others_free(pool, &o);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+	/* "A failed call leaves no partial state behind: ... nothing it created stays held" (API.md). */
+	ck_assert_msg(held_cases == 0, "%d of %d failed mallocs left chunks they created held (in the device's "
+		      "cache, for release_delay_ms; here never):%s", held_cases, cases, held_report);
+}
+END_TEST
+
+/* ENOMEM while the pool has free memory mapped: the pool gives its slack back and tries again. */
+START_TEST(test_fault_enomem_gives_slack_back)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	void *x, *y = SENTINEL;
+
+	ck_assert_int_eq(cuvmm_malloc(pool, 3 * g, &x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 3 * g); /* kept for reuse */
+	inject(ctx, CUVMM_CALL_CREATE, 0, 1, CUVMM_ENOMEM);
+	ck_assert_int_eq(cuvmm_malloc(pool, 5 * g, &y), CUVMM_OK); /* does not fit the free run: fresh memory */
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE), 2 + 1 + 2); /* x, the failure, 4 + 1 */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 5 * g); /* the slack went back to make room */
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 5 * g);
+	tc_assert_os_matches(ctx);
+	ck_assert_int_eq(pat_fill(y, 5 * g, 7), 0);
+	ck_assert_uint_eq(pat_bad(y, 5 * g, 7), 0);
+	ck_assert_int_eq(cuvmm_free(pool, y), CUVMM_OK);
+
+	/* With nothing to give back, ENOMEM is the answer. */
+	trim_ok(pool, 0);
+	inject(ctx, CUVMM_CALL_CREATE, 0, 1, CUVMM_ENOMEM);
+	y = SENTINEL;
+	ck_assert_int_eq(cuvmm_malloc(pool, 5 * g, &y), CUVMM_ENOMEM);
+	ck_assert_ptr_eq(y, SENTINEL);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	tc_assert_os_matches(ctx);
+	usable(pool, 5 * g, "after ENOMEM");
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* free_async: the event cannot be created or recorded. The allocation stays live and untouched. */
+START_TEST(test_fault_free_async)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	CUstream s = new_stream(0);
+	static const enum cuvmm_call calls[2] = {CUVMM_CALL_EVENT_CREATE, CUVMM_CALL_EVENT_RECORD};
+	static const int errs[2] = {CUVMM_ENOMEM, CUVMM_EDRIVER};
+	const size_t sizes[2] = {1000, 5 * TC_MiB};
+
+	for (int c = 0; c < 2; c++) {
+		for (int e = 0; e < 2; e++) {
+			for (int si = 0; si < 2; si++) {
+				struct cuvmm_pool *pool = new_pool(ctx, 0); /* no spare events yet */
+				struct snap before, after;
+				struct others o;
+				char what[128];
+				uint64_t n0;
+				void *x;
+				int err;
+
+				snprintf(what, sizeof(what), "%s failing with %s in free_async of %zu bytes",
+					 call_name(calls[c]), cuvmm_err_name(errs[e]), sizes[si]);
+				others_make(pool, &o);
+				ck_assert_int_eq(cuvmm_malloc(pool, sizes[si], &x), CUVMM_OK);
+				ck_assert_int_eq(pat_fill(x, sizes[si], 0x77), 0);
+				before = snap_of(ctx, pool);
+				n0 = cuvmm_ctx_call_count(ctx, calls[c]);
+				inject(ctx, calls[c], 0, 1, errs[e]);
+				err = cuvmm_free_async(pool, x, s);
+				inject(ctx, calls[c], 0, 0, errs[e]);
+				ck_assert_msg(err == errs[e], "%s: returned %s", what, cuvmm_err_name(err));
+				ck_assert_msg(cuvmm_ctx_call_count(ctx, calls[c]) == n0 + 1, "%s: not reached", what);
+				after = snap_of(ctx, pool);
+				assert_pool_same(&before, &after, what);
+				ck_assert_msg(after.d.held_bytes == before.d.held_bytes, "%s: held changed", what);
+				ck_assert_msg(pat_bad(x, sizes[si], 0x77) == 0, "%s: contents changed", what);
+				others_check(&o, what);
+				/* Still live: it can be freed now, once. */
+				ck_assert_int_eq(cuvmm_free_async(pool, x, s), CUVMM_OK);
+				ck_assert_int_eq(cuvmm_free_async(pool, x, s), CUVMM_EINVAL);
+				usable(pool, sizes[si], what);
+				others_free(pool, &o);
+				cuvmm_pool_destroy(pool);
+			}
+		}
+	}
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+	tc_stream_destroy(s);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* pool_create: the address space cannot be reserved. */
+START_TEST(test_fault_reserve)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0), *out;
+	struct cuvmm_pool_config pc;
+	struct cuvmm_stats before;
+	struct others o;
+
+	others_make(pool, &o);
+	before = tc_ctx_stats(ctx);
+	cuvmm_pool_config_init(&pc);
+	pc.max_bytes = 64 * TC_MiB;
+	for (int e = 0; e < 2; e++) {
+		int inj = e ? CUVMM_EDRIVER : CUVMM_ENOMEM;
+
+		out = SENTINEL;
+		inject(ctx, CUVMM_CALL_RESERVE, 0, 1, inj);
+		ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), e ? CUVMM_EDRIVER : CUVMM_ENOSPC);
+		ck_assert_ptr_eq(out, SENTINEL);
+		ck_assert_uint_eq(tc_ctx_stats(ctx).reserved_bytes, before.reserved_bytes);
+		ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, before.held_bytes);
+		tc_assert_os_matches(ctx);
+	}
+
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), CUVMM_OK);
+	usable(out, 3 * TC_MiB, "a pool created after the failures");
+	cuvmm_pool_destroy(out);
+	others_check(&o, "the pool created before");
+	usable(pool, 1000, "the pool created before");
+	others_free(pool, &o);
+	cuvmm_pool_destroy(pool);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).reserved_bytes, 0);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* The device sync that makes stream-less frees safe to unmap fails: the memory simply stays mapped. */
+START_TEST(test_fault_device_sync)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	struct snap before, after;
+	struct others o;
+	void *x, *a, *b;
+
+	others_make(pool, &o);
+	ck_assert_int_eq(cuvmm_malloc(pool, 3 * g, &x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	before = snap_of(ctx, pool);
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	inject(ctx, CUVMM_CALL_DEVICE_SYNC, 0, UINT32_MAX, CUVMM_EDRIVER);
+	ck_assert_int_eq(cuvmm_pool_trim(pool, 0), CUVMM_OK); /* documented: OK or EINVAL */
+	ck_assert_uint_ge(cuvmm_ctx_call_count(ctx, CUVMM_CALL_DEVICE_SYNC), 1);
+	after = snap_of(ctx, pool);
+	assert_pool_same(&before, &after, "trim with DEVICE_SYNC failing");
+	ck_assert_uint_eq(after.d.held_bytes, before.d.held_bytes);
+	inject(ctx, CUVMM_CALL_DEVICE_SYNC, 0, 0, CUVMM_EDRIVER);
+	others_check(&o, "trim with DEVICE_SYNC failing");
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, before.p.mapped_bytes - 3 * g);
+	tc_assert_os_matches(ctx);
+	usable(pool, 3 * g, "after DEVICE_SYNC failed");
+	others_free(pool, &o);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+
+	/* The same in a reclaim pass (run by a later call: no background thread). */
+	ctx = new_ctx(20, false, 0, 0);
+	pool = new_pool(ctx, 0);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &a), CUVMM_OK); /* keeps its slab */
+	ck_assert_int_eq(cuvmm_malloc(pool, 3 * g, &x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	before = snap_of(ctx, pool);
+	ck_assert_uint_eq(before.p.mapped_bytes, 4 * g);
+	tc_log_reset();
+	inject(ctx, CUVMM_CALL_DEVICE_SYNC, 0, UINT32_MAX, CUVMM_EDRIVER);
+	tc_sleep_ms(60);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &b), CUVMM_OK); /* a slot of a's slab; the pass runs */
+	after = snap_of(ctx, pool);
+	ck_assert_uint_eq(after.p.mapped_bytes, 4 * g); /* not unmapped without the sync */
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_ERROR, "synchronising"), 1);
+	tc_assert_os_matches(ctx);
+	inject(ctx, CUVMM_CALL_DEVICE_SYNC, 0, 0, CUVMM_EDRIVER);
+	ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK); /* the slab stays (a is live); schedules a pass */
+	tc_sleep_ms(60);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &b), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, g); /* a later pass did it */
+	ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, a), CUVMM_OK);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* An unmap fails: the chunk stays mapped and accounted, the pool works, and a later pass retries. */
+START_TEST(test_fault_unmap)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx), xb = g - 100; /* one granule, one chunk */
+	struct snap before, after;
+	struct others o;
+	uint64_t n0;
+	void *x;
+
+	others_make(pool, &o);
+	ck_assert_int_eq(cuvmm_malloc(pool, xb, &x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	before = snap_of(ctx, pool);
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	n0 = cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP);
+	inject(ctx, CUVMM_CALL_UNMAP, 0, 1, CUVMM_EDRIVER);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP), n0 + 1);
+	after = snap_of(ctx, pool);
+	assert_pool_same(&before, &after, "trim with UNMAP failing");
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_ERROR, NULL), 1);
+	others_check(&o, "trim with UNMAP failing");
+	/* Usable meanwhile, also over the address space whose unmap failed. */
+	usable(pool, xb, "after UNMAP failed");
+	usable(pool, 4 * g, "after UNMAP failed");
+	trim_ok(pool, 0); /* retried */
+	after = snap_of(ctx, pool);
+	ck_assert_uint_eq(after.p.mapped_bytes, before.p.mapped_bytes - g);
+	ck_assert_uint_eq(after.d.held_bytes, after.p.mapped_bytes);
+	tc_assert_os_matches(ctx);
+	others_free(pool, &o);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+
+	/* In the background: retried by a later pass without any call. */
+	ctx = new_ctx(20, true, 0, 0);
+	pool = new_pool(ctx, 0);
+	ck_assert_int_eq(cuvmm_malloc(pool, xb, &x), CUVMM_OK);
+	inject(ctx, CUVMM_CALL_UNMAP, 0, 1, CUVMM_EDRIVER);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	ck_assert_uint_eq(tc_wait_held_le(ctx, 0, 5000), 0);
+	ck_assert_uint_ge(cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP), 2); /* the failure and the retry */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A release fails: the chunk must not be lost (held and the OS keep agreeing, a later trim gives it back). */
+START_TEST(test_fault_release)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	uint64_t held_after_fault, held_end;
+	int64_t fd_after_fault = 0, fd_end = 0;
+	void *x;
+
+	ck_assert_int_eq(cuvmm_malloc(pool, g + 1, &x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	inject(ctx, CUVMM_CALL_RELEASE, 0, 1, CUVMM_EDRIVER);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_RELEASE), 1);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_ERROR, NULL), 1);
+	held_after_fault = tc_ctx_stats(ctx).held_bytes;
+	if (tc_on_host())
+		fd_after_fault = memfd_bytes();
+	usable(pool, g + 1, "after RELEASE failed");
+	trim_ok(pool, 0); /* no fault now */
+	held_end = tc_ctx_stats(ctx).held_bytes;
+	if (tc_on_host())
+		fd_end = memfd_bytes();
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+	if (tc_on_host())
+		ck_assert_msg((uint64_t)fd_after_fault == held_after_fault && fd_end == 0,
+			      "a failed release loses the chunk: after the failure the stats say held %llu, the OS "
+			      "sees %lld bytes in memfds; after another trim held %llu, the OS %lld",
+			      U(held_after_fault), (long long)fd_after_fault, U(held_end), (long long)fd_end);
+	ck_assert_uint_eq(held_end, 0);
+}
+END_TEST
+
+/* =====================================================================================================
+ * Bad input
+ * ===================================================================================================== */
+
+START_TEST(test_bad_input)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	size_t g = gran_of(ctx);
+	struct cuvmm_pool_config pc;
+	struct cuvmm_pool *out = SENTINEL, *pool, *other;
+	struct cuvmm_stats st;
+	CUstream s = new_stream(0);
+	struct snap before, after;
+	void *p = SENTINEL, *big, *small, *foreign;
+	int local = 0, ndev = 0;
+
+	ck_assert_int_eq(cuvmm_ctx_device_count(ctx, &ndev), CUVMM_OK);
+
+	/* Creation. */
+	cuvmm_pool_config_init(NULL);
+	cuvmm_pool_destroy(NULL);
+	cuvmm_pool_config_init(&pc);
+	ck_assert_uint_eq(pc.size, sizeof(pc));
+	ck_assert_int_eq(pc.device, 0);
+	ck_assert_uint_eq(pc.max_bytes, 0);
+	ck_assert_int_eq(cuvmm_pool_create(NULL, &pc, &out), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, NULL), CUVMM_EINVAL);
+	pc.size = 0;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), CUVMM_EINVAL);
+	pc.size = sizeof(pc) - 1;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), CUVMM_EINVAL);
+	cuvmm_pool_config_init(&pc);
+	pc.device = -1;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), CUVMM_ENODEV);
+	pc.device = ndev;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), CUVMM_ENODEV);
+	pc.device = 1 << 30;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), CUVMM_ENODEV);
+	cuvmm_pool_config_init(&pc);
+	pc.max_bytes = SIZE_MAX; /* overflows when rounded up */
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &out), CUVMM_EINVAL);
+	ck_assert_ptr_eq(out, SENTINEL);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).reserved_bytes, 0);
+	/* Defaults, and a long name (copied, cut). */
+	ck_assert_int_eq(cuvmm_pool_create(ctx, NULL, &out), CUVMM_OK);
+	ck_assert_uint_ge(pool_st(out).reserved_bytes, 1u << 30);
+	cuvmm_pool_destroy(out);
+	cuvmm_pool_config_init(&pc);
+	pc.name = "a name much longer than the thirty-one bytes a pool keeps of it";
+	pc.max_bytes = 8 * g;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &pool), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(pool).reserved_bytes, 8 * g);
+	other = new_pool(ctx, 8 * g);
+
+	/* malloc: NULL, zero, too large; *ptr untouched. */
+	ck_assert_int_eq(cuvmm_malloc(NULL, 1, &p), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_malloc(pool, 0, &p), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_malloc_async(NULL, 1, s, &p), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 0, s, &p), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 1, s, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_malloc(pool, 8 * g + 1, &p), CUVMM_ENOSPC);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 8 * g + 1, s, &p), CUVMM_ENOSPC);
+	ck_assert_int_eq(cuvmm_malloc(pool, SIZE_MAX, &p), CUVMM_ENOSPC);
+	ck_assert_ptr_eq(p, SENTINEL);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	/* The whole address space, then nothing more fits. */
+	ck_assert_int_eq(cuvmm_malloc(pool, 8 * g, &big), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1, &p), CUVMM_ENOSPC);
+	ck_assert_int_eq(cuvmm_malloc(pool, g, &p), CUVMM_ENOSPC);
+	ck_assert_ptr_eq(p, SENTINEL);
+	ck_assert_int_eq(cuvmm_free(pool, big), CUVMM_OK);
+
+	/* free: NULL pool, NULL pointer. */
+	ck_assert_int_eq(cuvmm_free(NULL, SENTINEL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_free_async(NULL, SENTINEL, s), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_free(pool, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free_async(pool, NULL, s), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free_async(pool, NULL, NULL), CUVMM_OK);
+
+	/* Pointers that are not live allocations of this pool change nothing. */
+	ck_assert_int_eq(cuvmm_malloc(pool, 3 * g, &big), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &small), CUVMM_OK); /* slot 0 of a 1 KiB slab */
+	ck_assert_int_eq(cuvmm_malloc(other, 1000, &foreign), CUVMM_OK);
+	ck_assert_int_eq(pat_fill(big, 3 * g, 1), 0);
+	ck_assert_int_eq(pat_fill(small, 1000, 2), 0);
+	ck_assert_int_eq(pat_fill(foreign, 1000, 3), 0);
+	before = snap_of(ctx, pool);
+	{
+		void *const bad[] = {
+			(char *)big + 256,  (char *)big + 1,      (char *)big + g,    (char *)big + 3 * g - 256,
+			(char *)small + 256, (char *)small + 1,   (char *)small + 1024, /* a slot never handed out */
+			foreign,            &local,               (void *)(uintptr_t)256,
+		};
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			ck_assert_msg(cuvmm_free(pool, bad[i]) == CUVMM_EINVAL, "free of bad pointer %zu accepted", i);
+			ck_assert_msg(cuvmm_free_async(pool, bad[i], s) == CUVMM_EINVAL,
+				      "free_async of bad pointer %zu accepted", i);
+		}
+	}
+	after = snap_of(ctx, pool);
+	assert_pool_same(&before, &after, "bad frees");
+	ck_assert_uint_eq(pat_bad(big, 3 * g, 1), 0);
+	ck_assert_uint_eq(pat_bad(small, 1000, 2), 0);
+	ck_assert_uint_eq(pat_bad(foreign, 1000, 3), 0);
+
+	/* Double frees: EINVAL and nothing changes, large and small, stream-less and on a stream. */
+	ck_assert_int_eq(cuvmm_free(pool, big), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free_async(pool, small, s), CUVMM_OK);
+	before = snap_of(ctx, pool);
+	ck_assert_int_eq(cuvmm_free(pool, big), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_free_async(pool, big, s), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_free(pool, small), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_free_async(pool, small, s), CUVMM_EINVAL);
+	after = snap_of(ctx, pool);
+	assert_pool_same(&before, &after, "double frees");
+	ck_assert_uint_eq(after.p.live_bytes, 0);
+	ck_assert_int_eq(cuvmm_free(other, foreign), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(other, foreign), CUVMM_EINVAL);
+
+	/* trim and stats. */
+	ck_assert_int_eq(cuvmm_pool_trim(NULL, 0), CUVMM_EINVAL);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	ck_assert_int_eq(cuvmm_pool_stats(NULL, &st), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_pool_stats(pool, NULL), CUVMM_EINVAL);
+	st.size = 0;
+	ck_assert_int_eq(cuvmm_pool_stats(pool, &st), CUVMM_EINVAL);
+	st.size = sizeof(st) - 1;
+	ck_assert_int_eq(cuvmm_pool_stats(pool, &st), CUVMM_EINVAL);
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+
+	usable(pool, 1000, "after bad input");
+	usable(pool, 3 * g, "after bad input");
+	cuvmm_pool_destroy(other);
+	cuvmm_pool_destroy(pool);
+	tc_stream_destroy(s);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).reserved_bytes, 0);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A pool destroyed with live allocations frees them, with a warning, and gives everything back. */
+START_TEST(test_destroy_with_live_allocations)
+{
+	struct cuvmm_ctx *ctx = new_ctx(1000, true, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	void *p;
+
+	for (int i = 0; i < 10; i++)
+		ck_assert_int_eq(cuvmm_malloc(pool, (size_t)1 << (8 + 2 * i), &p), CUVMM_OK);
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	cuvmm_pool_destroy(pool);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "still allocated"), 1);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).live_bytes, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).reserved_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_ctx_destroy(ctx);
+	if (tc_on_host())
+		ck_assert_int_eq(memfd_bytes(), 0);
+}
+END_TEST
+
+/* =====================================================================================================
+ * Release: when free memory goes back to the driver
+ * ===================================================================================================== */
+
+/* With the background thread, everything goes back once idle, without any call. */
+START_TEST(test_release_background)
+{
+	struct cuvmm_ctx *ctx = new_ctx(50, true, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	CUstream s = new_stream(0);
+	void *p[48];
+	size_t bytes[48], n = 0;
+	uint64_t held;
+
+	for (int i = 0; i < 40; i++)
+		bytes[n++] = 1 + (size_t)i * 7919;
+	bytes[n++] = 3 * TC_MiB;
+	bytes[n++] = 9 * TC_MiB;
+	bytes[n++] = 70 * TC_MiB;
+	bytes[n++] = TC_MiB;
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_int_eq(cuvmm_malloc(pool, bytes[i], &p[i]), CUVMM_OK);
+		ck_assert_int_eq(pat_fill(p[i], bytes[i], (uint32_t)i), 0);
+	}
+	ck_assert_uint_gt(tc_ctx_stats(ctx).held_bytes, 80 * TC_MiB);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_uint_eq(pat_bad(p[i], bytes[i], (uint32_t)i), 0);
+		ck_assert_int_eq(i % 2 ? cuvmm_free_async(pool, p[i], s) : cuvmm_free(pool, p[i]), CUVMM_OK);
+	}
+	/* Only statistics from here on: the background thread does it all. */
+	held = tc_wait_held_le(ctx, 0, 5000);
+	ck_assert_msg(held == 0, "still %llu bytes held 5 s after everything was freed", U(held));
+	ck_assert_uint_eq(pool_st(pool).held_bytes, 0);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
+	if (tc_on_host())
+		ck_assert_int_eq(memfd_bytes(), 0);
+	cuvmm_pool_destroy(pool);
+	tc_stream_destroy(s);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Without the background thread, the release happens in a later library call after the delay. */
+START_TEST(test_release_on_later_call)
+{
+	struct cuvmm_ctx *ctx = new_ctx(50, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	void *a, *b, *c;
+
+	ck_assert_int_eq(cuvmm_malloc(pool, 256, &a), CUVMM_OK); /* its slab stays */
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &b), CUVMM_OK); /* one chunk */
+	ck_assert_int_eq(pat_fill(b, 4 * g, 5), 0);
+	ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 5 * g);
+	tc_sleep_ms(200);
+	/* Nobody called: nothing happened. */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 5 * g);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 5 * g);
+	tc_assert_os_matches(ctx);
+	/* A call that needs no memory (a slot of a's slab) runs the due pass: b's memory is unmapped (its chunk
+	 * goes to the device's cache, released in the same pass or a later one). */
+	ck_assert_int_eq(cuvmm_malloc(pool, 256, &c), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, g);
+	tc_assert_os_matches(ctx);
+	ck_assert_int_eq(cuvmm_free(pool, c), CUVMM_OK);
+	tc_sleep_ms(200);
+	ck_assert_int_eq(cuvmm_malloc(pool, 256, &c), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, g);
+	tc_assert_os_matches(ctx);
+	ck_assert_int_eq(cuvmm_free(pool, c), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, a), CUVMM_OK);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+	if (tc_on_host())
+		ck_assert_int_eq(memfd_bytes(), 0);
+}
+END_TEST
+
+/* release_delay_ms = -1: time gives nothing back; only trim does. */
+START_TEST(test_release_never)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, true, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	void *p[24], *q;
+	uint64_t held;
+
+	for (int i = 0; i < 24; i++) {
+		ck_assert_int_eq(cuvmm_malloc(pool, i < 4 ? 10 * TC_MiB : 1000 * (size_t)i, &p[i]), CUVMM_OK);
+	}
+	for (int i = 0; i < 24; i++)
+		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
+	held = tc_ctx_stats(ctx).held_bytes;
+	ck_assert_uint_ge(held, 40 * TC_MiB);
+	for (int round = 0; round < 3; round++) {
+		tc_sleep_ms(100);
+		ck_assert_int_eq(cuvmm_malloc(pool, 1000, &q), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free(pool, q), CUVMM_OK);
+		/* The slack cap may unmap some of it, but nothing is released. */
+		ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, held);
+		tc_assert_os_matches(ctx);
+	}
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* retain_bytes stay held when idle; trim gives them back. */
+START_TEST(test_release_retain)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	size_t g;
+	void *p[8];
+	uint64_t held;
+
+	ctx = new_ctx(50, true, 2 * 2 * TC_MiB, 0);
+	g = gran_of(ctx);
+	ck_assert_uint_eq(g, 2 * TC_MiB); /* retain_bytes above is two granules */
+	pool = new_pool(ctx, 0);
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(cuvmm_malloc(pool, g - 100, &p[i]), CUVMM_OK); /* a granule each */
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
+	held = tc_wait_held_le(ctx, 2 * g, 5000);
+	ck_assert_msg(held == 2 * g, "held %llu, retain_bytes %zu", U(held), 2 * g);
+	tc_sleep_ms(200);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 2 * g); /* kept */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	tc_assert_os_matches(ctx);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* cuvmm_pool_trim(pool, keep) keeps keep bytes of free memory mapped (whole runs: between keep and keep plus
+ * one run), and the device's cache keeps up to keep bytes as well. */
+START_TEST(test_trim_keep)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	struct cuvmm_stats ps, cs;
+	void *p[12];
+
+	for (int i = 0; i < 12; i++) {
+		ck_assert_int_eq(cuvmm_malloc(pool, g - 100, &p[i]), CUVMM_OK); /* a granule each, side by side */
+		ck_assert_int_eq(pat_fill(p[i], g - 100, (uint32_t)i), 0);
+	}
+	for (int i = 0; i < 12; i += 2)
+		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK); /* six free runs of one granule (under the cap) */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 12 * g);
+
+	trim_ok(pool, 3 * g);
+	ps = pool_st(pool);
+	cs = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(ps.mapped_bytes, 9 * g);
+	ck_assert_uint_le(cs.held_bytes - cs.mapped_bytes, 3 * g);
+	printf("trim(pool, 3 granules): %llu granules free in the pool, %llu cached on the device\n",
+	       U((ps.mapped_bytes - 6 * g) / g), U((cs.held_bytes - cs.mapped_bytes) / g));
+	tc_assert_os_matches(ctx);
+
+	trim_ok(pool, 2 * g + g / 2); /* not a multiple: whole runs stay, at least keep */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 9 * g);
+	trim_ok(pool, g);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 7 * g);
+	trim_ok(pool, SIZE_MAX);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 7 * g);
+	trim_ok(pool, 0);
+	ps = pool_st(pool);
+	cs = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(ps.mapped_bytes, 6 * g);
+	ck_assert_uint_eq(cs.held_bytes, 6 * g);
+	tc_assert_os_matches(ctx);
+	for (int i = 1; i < 12; i += 2) {
+		ck_assert_uint_eq(pat_bad(p[i], g - 100, (uint32_t)i), 0);
+		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
+	}
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* What an idle pool may hold with allocations live: each large allocation its granules plus at most
+ * max(1, k/16) granules to the end of its chunk, each slab its granule plus at most one. */
+struct idle_set {
+	void **p;
+	size_t *bytes;
+	size_t n;
+};
+
+static void idle_bounds(const struct idle_set *s, size_t g, uint64_t *live, uint64_t *issue, uint64_t *impl)
+{
+	uintptr_t *gs = malloc((s->n + 1) * sizeof(*gs));
+	size_t ng = 0, slabs = 0;
+
+	ck_assert_ptr_nonnull(gs);
+	*live = *issue = *impl = 0;
+	for (size_t i = 0; i < s->n; i++) {
+		*live += live_of(s->bytes[i], g);
+		if (s->bytes[i] <= small_max_of(g))
+			gs[ng++] = (uintptr_t)s->p[i] / g;
+		else
+			*impl += max_granules(round_up(s->bytes[i], g) / g) * g;
+	}
+	qsort(gs, ng, sizeof(*gs), cmp_uptr);
+	for (size_t i = 0; i < ng; i++)
+		slabs += i == 0 || gs[i] != gs[i - 1];
+	free(gs);
+	*impl += slabs * max_granules(1) * g;
+	*issue = *live + s->n * g; /* "held <= live + retain + one granule per live allocation" */
+}
+
+START_TEST(test_idle_bound)
+{
+	struct cuvmm_ctx *ctx = new_ctx(50, true, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	uint64_t rng = DEFAULT_SEED, live, issue, impl, held;
+	void *p[160];
+	size_t bytes[160];
+	uint32_t v[160];
+	struct idle_set set = {p, bytes, 0};
+
+	/* Churn, then keep a few of everything. */
+	for (int op = 0; op < 1500; op++) {
+		uint64_t r = splitmix(&rng) % 100;
+
+		if (set.n == 0 || (r < 55 && set.n < 160)) {
+			uint64_t k = splitmix(&rng) % 100;
+			size_t b = k < 60 ? 1 + splitmix(&rng) % (64 * TC_KiB)
+				   : k < 92 ? small_max_of(g) + 1 + splitmix(&rng) % (8 * TC_MiB)
+					    : 8 * TC_MiB + splitmix(&rng) % (32 * TC_MiB);
+
+			ck_assert_int_eq(cuvmm_malloc(pool, b, &p[set.n]), CUVMM_OK);
+			bytes[set.n] = b;
+			v[set.n] = (uint32_t)op;
+			ck_assert_int_eq(pat_fill(p[set.n], b, v[set.n]), 0);
+			set.n++;
+		} else {
+			size_t i = splitmix(&rng) % set.n;
+
+			ck_assert_uint_eq(pat_bad(p[i], bytes[i], v[i]), 0);
+			ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
+			set.n--;
+			p[i] = p[set.n];
+			bytes[i] = bytes[set.n];
+			v[i] = v[set.n];
+		}
+	}
+	while (set.n > 30) {
+		set.n--;
+		ck_assert_int_eq(cuvmm_free(pool, p[set.n]), CUVMM_OK);
+	}
+	idle_bounds(&set, g, &live, &issue, &impl);
+	held = tc_wait_held_le(ctx, impl, 5000);
+	ck_assert_msg(held <= impl, "idle: held %llu > %llu (live %llu in %zu allocations)", U(held), U(impl), U(live),
+		      set.n);
+	tc_sleep_ms(200); /* whatever else was due has happened */
+	held = tc_ctx_stats(ctx).held_bytes;
+	ck_assert_uint_le(held, impl);
+	ck_assert_uint_eq(held, pool_st(pool).mapped_bytes); /* nothing cached any more */
+	tc_assert_os_matches(ctx);
+	printf("idle bound: %zu live allocations, live %llu KiB, held %llu KiB; live + one granule each = %llu KiB "
+	       "(%s), with the cut rule %llu KiB\n", set.n, U(live >> 10), U(held >> 10), U(issue >> 10),
+	       held <= issue ? "holds" : "EXCEEDED", U(impl >> 10));
+	for (size_t i = 0; i < set.n; i++) {
+		ck_assert_uint_eq(pat_bad(p[i], bytes[i], v[i]), 0);
+		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
+	}
+	ck_assert_uint_eq(tc_wait_held_le(ctx, 0, 5000), 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * The case where "held <= live + one granule per allocation" cannot hold: a free run made of one 2-granule
+ * chunk serves a 1-granule allocation by extending it to the chunk's end (cut_len in pool.c: up to
+ * max(1, k/16) granules), and the whole chunk stays held while the allocation lives.
+ */
+START_TEST(test_idle_bound_cut_extension)
+{
+	struct cuvmm_ctx *ctx = new_ctx(50, true, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx), yb = small_max_of(g) + 1; /* the smallest large allocation */
+	uint64_t held;
+	void *x, *y, *z;
+
+	ck_assert_int_eq(cuvmm_malloc(pool, g + g / 2, &x), CUVMM_OK); /* 2 granules: one chunk of class 1 */
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, yb, &y), CUVMM_OK);
+	ck_assert_ptr_eq(y, x);
+	held = tc_wait_held_le(ctx, g, 1000);
+	printf("cut extension: a %zu-byte allocation idle holds %llu bytes; live + one granule = %zu\n", yb, U(held),
+	       yb + g);
+	ck_assert_uint_le(held, max_granules(1) * g);
+	ck_assert_uint_eq(pool_st(pool).live_bytes, yb);
+	/* The same with a slab. */
+	ck_assert_int_eq(cuvmm_free(pool, y), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &z), CUVMM_OK);
+	ck_assert_ptr_eq(z, x);
+	held = tc_wait_held_le(ctx, g, 1000);
+	printf("cut extension: a 1000-byte allocation idle holds %llu bytes\n", U(held));
+	ck_assert_uint_le(held, max_granules(1) * g);
+	ck_assert_int_eq(cuvmm_free(pool, z), CUVMM_OK);
+	ck_assert_uint_eq(tc_wait_held_le(ctx, 0, 5000), 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * The slack bound: torch.cat-style growth (allocate the next, one granule larger, then free the previous) with
+ * a long release delay. Free memory that no request fits must not pile up: peak held / peak live stays small.
+ */
+START_TEST(test_slack_bound)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	size_t g;
+	struct cuvmm_stats ps, cs;
+	double rp, rd;
+	void *x, *y;
+	uint64_t t0 = tc_now_ms();
+
+	/* A cap well above what a working pool needs (peak live is about 430 MiB), so that a pool whose slack
+	 * piles up fails this test without taking the machine's memory. */
+	tc_config(&cfg);
+	cfg.release_delay_ms = 10000;
+	cfg.background_release = true;
+	cfg.retain_bytes = 0;
+	cfg.device_limit_bytes = 1536 * TC_MiB;
+	ctx = tc_ctx(&cfg);
+	g = gran_of(ctx);
+	pool = new_pool(ctx, 0);
+	ck_assert_int_eq(cuvmm_malloc(pool, 8 * g + g / 2, &x), CUVMM_OK);
+	for (size_t i = 1; i <= 100; i++) {
+		size_t b = (8 + i) * g + g / 2;
+
+		ck_assert_int_eq(cuvmm_malloc(pool, b, &y), CUVMM_OK);
+		ck_assert_int_eq(tc_fill(y, 1024, (uint32_t)i), 0);
+		ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+		x = y;
+	}
+	ps = pool_st(pool);
+	cs = tc_ctx_stats(ctx);
+	rp = (double)ps.peak_held_bytes / (double)ps.peak_live_bytes;
+	rd = (double)cs.peak_held_bytes / (double)cs.peak_live_bytes;
+	printf("slack bound: peak live %llu MiB; peak held %llu MiB in the pool (%.3f), %llu MiB on the device "
+	       "(%.3f); %llu creates, %llu unmaps, %llu ms\n", U(ps.peak_live_bytes >> 20), U(ps.peak_held_bytes >> 20),
+	       rp, U(cs.peak_held_bytes >> 20), rd, U(cs.create_calls), U(cs.unmap_calls), U(tc_now_ms() - t0));
+	ck_assert_msg(rp <= 1.15, "pool: peak held / peak live = %.3f", rp);
+	ck_assert_msg(rd <= 1.15, "device: peak held / peak live = %.3f", rd);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* =====================================================================================================
+ * Stream-ordered reuse (host backend: the gate keeps "GPU work" running)
+ * ===================================================================================================== */
+
+START_TEST(test_stream_reuse_large)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	CUstream s1, s2;
+	size_t g, size;
+	void *x, *y, *z, *w, *v, *t, *u, *r;
+
+	if (!tc_on_host())
+		return; /* needs the gate; test_gpu_stream_reuse does this on a GPU */
+	ctx = new_ctx(-1, false, 0, 0);
+	pool = new_pool(ctx, 0);
+	g = gran_of(ctx);
+	size = 4 * g;
+	s1 = new_stream(0);
+	s2 = new_stream(1);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &x), CUVMM_OK);
+	ck_assert_int_eq(pat_fill(x, size, 1), 0);
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_free_async(pool, x, s1), CUVMM_OK);
+	/* On the freeing stream: at once (the pool's only free run). */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &y), CUVMM_OK);
+	ck_assert_ptr_eq(y, x);
+	ck_assert_int_eq(cuvmm_free_async(pool, y, s1), CUVMM_OK);
+	/* Anywhere else: not while the freeing work may still run. */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s2, &z), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &w), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, NULL, &v), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, g + 1, s2, &t), CUVMM_OK); /* would fit in its first half */
+	ck_assert_int_eq(cuvmm_malloc(pool, g / 2 + 1, &u), CUVMM_OK);         /* the smallest large size */
+	{
+		void *const got[] = {z, w, v, t, u};
+		const size_t len[] = {size, size, size, 2 * g, g};
+
+		for (int i = 0; i < 5; i++)
+			ck_assert_msg(!overlaps((uintptr_t)got[i], len[i], (uintptr_t)x, size),
+				      "allocation %d got memory freed on another stream whose work has not completed", i);
+	}
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 3 * g);
+	cvm_host_gate_open();
+	/* Completed: anyone may have it. */
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &r), CUVMM_OK);
+	ck_assert_ptr_eq(r, x);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 3 * g);
+	{
+		void *const all[] = {z, w, v, t, u, r};
+
+		for (int i = 0; i < 6; i++)
+			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
+	}
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+START_TEST(test_stream_reuse_small)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	CUstream s1, s2;
+	size_t g, size, nslots;
+	void *a[8], *b, *c, *d, *e, *f, *k, *m, *n;
+
+	if (!tc_on_host())
+		return;
+	ctx = new_ctx(-1, false, 0, 0);
+	pool = new_pool(ctx, 0);
+	g = gran_of(ctx);
+	size = small_max_of(g); /* the largest class: few slots per slab */
+	nslots = g / class_round(size);
+	ck_assert_uint_le(nslots, 8);
+	s1 = new_stream(0);
+	s2 = new_stream(1);
+	for (size_t i = 0; i < nslots; i++) {
+		ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &a[i]), CUVMM_OK);
+		ck_assert_uint_eq((uintptr_t)a[i] / g, (uintptr_t)a[0] / g); /* one full slab */
+		ck_assert_int_eq(pat_fill(a[i], size, (uint32_t)i), 0);
+	}
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_free_async(pool, a[1], s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &b), CUVMM_OK);
+	ck_assert_ptr_eq(b, a[1]); /* the same stream: at once */
+	ck_assert_int_eq(cuvmm_free_async(pool, a[1], s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s2, &c), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &d), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, NULL, &e), CUVMM_OK);
+	ck_assert_ptr_ne(c, a[1]);
+	ck_assert_ptr_ne(d, a[1]);
+	ck_assert_ptr_ne(e, a[1]);
+	/* A small class with many slots: the slot freed on s1 goes to s1 only. */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 1000, s1, &k), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free_async(pool, k, s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 1000, s2, &m), CUVMM_OK);
+	ck_assert_ptr_ne(m, k);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &n), CUVMM_OK);
+	ck_assert_ptr_ne(n, k);
+	ck_assert_int_eq(cuvmm_free(pool, n), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 1000, s1, &n), CUVMM_OK);
+	ck_assert_ptr_eq(n, k);
+	cvm_host_gate_open();
+	/* Completed: the slot is anyone's (its slab is the one with a free slot made last). */
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &f), CUVMM_OK);
+	ck_assert_ptr_eq(f, a[1]);
+	for (size_t i = 0; i < nslots; i++)
+		if (i != 1)
+			ck_assert_uint_eq(pat_bad(a[i], size, (uint32_t)i), 0);
+	{
+		void *const all[] = {c, d, e, f, m, n};
+
+		for (size_t i = 0; i < nslots; i++)
+			if (i != 1)
+				ck_assert_int_eq(cuvmm_free(pool, a[i]), CUVMM_OK);
+		for (int i = 0; i < 6; i++)
+			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
+	}
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * Memory freed on s1 while s1's work may still use it becomes a slab for an s1 allocation: the slab's other
+ * slots are that same memory, so until the work completes they must go to s1 only.
+ */
+START_TEST(test_stream_slab_from_pending_run)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	CUstream s1, s2;
+	size_t g;
+	void *x, *a, *b, *c, *d;
+
+	if (!tc_on_host())
+		return; /* test_gpu_stream_reuse has the GPU version */
+	ctx = new_ctx(-1, false, 0, 0);
+	pool = new_pool(ctx, 0);
+	g = gran_of(ctx);
+	s1 = new_stream(0);
+	s2 = new_stream(1);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, g - 100, s1, &x), CUVMM_OK); /* one granule */
+	ck_assert_int_eq(pat_fill(x, g - 100, 9), 0);
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_free_async(pool, x, s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 1000, s1, &a), CUVMM_OK); /* a new slab, on s1: x's granule */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 1000, s2, &b), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &c), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, 1000, NULL, &d), CUVMM_OK);
+	ck_assert_msg(!overlaps((uintptr_t)b, 1024, (uintptr_t)x, g) && !overlaps((uintptr_t)c, 1024, (uintptr_t)x, g) &&
+			      !overlaps((uintptr_t)d, 1024, (uintptr_t)x, g),
+		      "memory freed on stream 1 while its work may still run went to stream 2 or to stream-less "
+		      "allocations: x %p; slab slots on s1 %p, on s2 %p, stream-less %p and %p", x, a, b, c, d);
+	cvm_host_gate_open();
+	{
+		void *const all[] = {a, b, c, d};
+
+		for (int i = 0; i < 4; i++)
+			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
+	}
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* =====================================================================================================
+ * Threads: four threads malloc/free their own allocations (contents checked) while a fifth trims and the
+ * background thread releases. On a GPU the fills are kernels on each thread's stream, and some frees are
+ * stream-ordered behind a kernel still writing: an early unmap is an illegal address at the next sync, an
+ * early reuse a wrong word in a check.
+ * ===================================================================================================== */
+
+#define W_MAX 128
+
+struct worker {
+	struct cuvmm_pool *pool;
+	CUstream s;
+	int id, ops;
+	uint64_t rng;
+	char err[256];
+	unsigned long nmalloc, nfree, nasync;
+};
+
+struct w_alloc {
+	void *p;
+	size_t bytes;
+	uint32_t v;
+};
+
+#define W_FAIL(w, ...)                                                                                       \
+	do {                                                                                                 \
+		if (!(w)->err[0])                                                                            \
+			snprintf((w)->err, sizeof((w)->err), __VA_ARGS__);                                  \
+	} while (0)
+
+static int w_fill(struct worker *w, struct w_alloc *a, int iters)
+{
+	if (tc_on_host())
+		return pat_fill(a->p, a->bytes, a->v);
+	return a->bytes >= 4 ? tg_fill((CUdeviceptr)(uintptr_t)a->p, a->bytes / 4, a->v, iters, w->s) : 0;
+}
+
+/* Check on the thread's stream (waits for its work); 0 if intact. */
+static int w_check(struct worker *w, struct w_alloc *a)
+{
+	uint64_t bad = 0;
+
+	if (tc_on_host()) {
+		bad = pat_bad(a->p, a->bytes, a->v);
+	} else if (a->bytes >= 4) {
+		int cu = tg_check((CUdeviceptr)(uintptr_t)a->p, a->bytes / 4, a->v, w->s, &bad);
+
+		if (cu) {
+			W_FAIL(w, "thread %d: check kernel: %s", w->id, tg_error_name(cu));
+			return -1;
+		}
+	}
+	if (bad)
+		W_FAIL(w, "thread %d: %p (%zu bytes) has %llu wrong words", w->id, a->p, a->bytes, U(bad));
+	return bad ? -1 : 0;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct w_alloc a[W_MAX];
+	size_t n = 0, live = 0;
+	uint32_t next = 0;
+
+	for (int op = 0; op < w->ops && !w->err[0]; op++) {
+		uint64_t r = splitmix(&w->rng) % 100;
+
+		if (n == 0 || (r < 52 && n < W_MAX && live < 48 * TC_MiB)) {
+			uint64_t k = splitmix(&w->rng) % 100;
+			size_t bytes = k < 70 ? 1 + splitmix(&w->rng) % (64 * TC_KiB)
+				       : k < 96 ? 64 * TC_KiB + splitmix(&w->rng) % (4 * TC_MiB)
+						: 4 * TC_MiB + splitmix(&w->rng) % (20 * TC_MiB);
+			void *p = NULL;
+			int err = r & 1 ? cuvmm_malloc_async(w->pool, bytes, w->s, &p) : cuvmm_malloc(w->pool, bytes, &p);
+
+			if (err) {
+				W_FAIL(w, "thread %d: malloc(%zu): %s", w->id, bytes, cuvmm_err_name(err));
+				break;
+			}
+			if ((uintptr_t)p % 256) {
+				W_FAIL(w, "thread %d: %p is not aligned", w->id, p);
+				break;
+			}
+			a[n] = (struct w_alloc){p, bytes, ((uint32_t)w->id << 24) ^ (next++ * 2654435761u)};
+			if (w_fill(w, &a[n], 1 + (int)(r % 3))) {
+				W_FAIL(w, "thread %d: fill failed", w->id);
+				break;
+			}
+			live += bytes;
+			n++;
+			w->nmalloc++;
+		} else {
+			size_t i = splitmix(&w->rng) % n;
+			struct w_alloc x = a[i];
+			int how = (int)(splitmix(&w->rng) % 3), err;
+
+			if (w_check(w, &x))
+				break;
+			if (how == 0) {
+				err = cuvmm_free(w->pool, x.p); /* the stream is idle: the check waited for it */
+			} else {
+				/* On a GPU: the memory is still being written when it is freed on the stream. */
+				if (how == 2 && !tc_on_host() && w_fill(w, &x, 20)) {
+					W_FAIL(w, "thread %d: fill failed", w->id);
+					break;
+				}
+				err = cuvmm_free_async(w->pool, x.p, w->s);
+				w->nasync++;
+			}
+			if (err) {
+				W_FAIL(w, "thread %d: free: %s", w->id, cuvmm_err_name(err));
+				break;
+			}
+			a[i] = a[--n];
+			live -= x.bytes;
+			w->nfree++;
+		}
+	}
+	while (n && !w->err[0]) {
+		n--;
+		if (w_check(w, &a[n]) == 0 && cuvmm_free(w->pool, a[n].p))
+			W_FAIL(w, "thread %d: final free failed", w->id);
+	}
+	if (!tc_on_host()) {
+		int cu = tg_stream_sync(w->s);
+
+		if (cu)
+			W_FAIL(w, "thread %d: stream sync: %s", w->id, tg_error_name(cu));
+	}
+	return NULL;
+}
+
+struct trimmer {
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	atomic_bool stop;
+	uint64_t rng;
+	char err[256];
+	unsigned long ntrim;
+};
+
+static void *trimmer_main(void *arg)
+{
+	struct trimmer *t = arg;
+
+	while (!atomic_load(&t->stop) && !t->err[0]) {
+		uint64_t r = splitmix(&t->rng) % 10;
+		struct cuvmm_stats st;
+		int err = cuvmm_pool_trim(t->pool, r < 5 ? 0 : r < 8 ? 4 * TC_MiB : SIZE_MAX);
+
+		if (err)
+			snprintf(t->err, sizeof(t->err), "cuvmm_pool_trim: %s", cuvmm_err_name(err));
+		if (r == 9 && (err = cuvmm_ctx_trim(t->ctx, -1, 0)))
+			snprintf(t->err, sizeof(t->err), "cuvmm_ctx_trim: %s", cuvmm_err_name(err));
+		memset(&st, 0, sizeof(st));
+		st.size = sizeof(st);
+		if ((err = cuvmm_pool_stats(t->pool, &st)))
+			snprintf(t->err, sizeof(t->err), "cuvmm_pool_stats: %s", cuvmm_err_name(err));
+		t->ntrim++;
+		tc_sleep_ms(1 + (int)(r % 3));
+	}
+	return NULL;
+}
+
+START_TEST(test_threads)
+{
+	struct cuvmm_ctx *ctx = new_ctx(5, true, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	struct worker w[4];
+	struct trimmer t;
+	pthread_t th[4], tt;
+	uint64_t seed = env_u64("TEST_POOL_SEED", DEFAULT_SEED), t0 = tc_now_ms();
+	struct cuvmm_stats ps, cs;
+
+	memset(&t, 0, sizeof(t));
+	t.ctx = ctx;
+	t.pool = pool;
+	t.rng = seed;
+	atomic_init(&t.stop, false);
+	for (int i = 0; i < 4; i++) {
+		memset(&w[i], 0, sizeof(w[i]));
+		w[i].pool = pool;
+		w[i].s = new_stream(i);
+		w[i].id = i;
+		w[i].ops = tc_on_host() ? 2500 : 800;
+		w[i].rng = seed + 1000003u * (uint64_t)(i + 1);
+	}
+	ck_assert_int_eq(pthread_create(&tt, NULL, trimmer_main, &t), 0);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	atomic_store(&t.stop, true);
+	pthread_join(tt, NULL);
+	for (int i = 0; i < 4; i++) {
+		ck_assert_msg(!w[i].err[0], "seed %llu: %s", U(seed), w[i].err);
+		tc_stream_destroy(w[i].s);
+	}
+	ck_assert_msg(!t.err[0], "%s", t.err);
+	printf("threads: seed %llu, %lu+%lu+%lu+%lu mallocs, %lu stream frees, %lu trims in %llu ms\n", U(seed),
+	       w[0].nmalloc, w[1].nmalloc, w[2].nmalloc, w[3].nmalloc,
+	       w[0].nasync + w[1].nasync + w[2].nasync + w[3].nasync, t.ntrim, U(tc_now_ms() - t0));
+	ps = pool_st(pool);
+	cs = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(ps.live_bytes, 0);
+	ck_assert_uint_eq(cs.live_bytes, 0);
+	ck_assert_uint_eq(ps.held_bytes, ps.mapped_bytes);
+	ck_assert_uint_ge(ps.peak_live_bytes, 4 * TC_MiB);
+	trim_ok(pool, 0);
+	ps = pool_st(pool);
+	cs = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(ps.mapped_bytes, 0);
+	ck_assert_uint_eq(ps.held_bytes, 0);
+	ck_assert_uint_eq(cs.held_bytes, 0);
+	ck_assert_uint_eq(cs.mapped_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+	if (!tc_on_host())
+		ck_assert_int_eq(tg_ctx_sync(), 0);
+}
+END_TEST
+
+/* =====================================================================================================
+ * GPU only
+ * ===================================================================================================== */
+
+#define LONG_ITERS 20000 /* fill passes over 64 MiB: a few hundred ms on an H200 */
+
+/*
+ * Memory freed on stream A while a long kernel on A still writes it must not go to stream B until that kernel
+ * is done. If it did, B's fill and check would race with A's writes and the check would count wrong words.
+ * On A itself it is reusable at once (ordered behind the kernel).
+ */
+START_TEST(test_gpu_stream_reuse)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	CUstream a, b;
+	const size_t size = 64 * TC_MiB, n = size / 4;
+	uint64_t bad;
+
+	if (tc_on_host())
+		return; /* test_stream_reuse_* does this with the host gate */
+	ctx = new_ctx(1000, true, 0, 0);
+	pool = new_pool(ctx, 0);
+	a = new_stream(0);
+	b = new_stream(1);
+	for (int round = 0; round < 3; round++) {
+		void *x, *y, *w, *z;
+		int qa;
+
+		ck_assert_int_eq(cuvmm_malloc_async(pool, size, a, &x), CUVMM_OK);
+		ck_assert_int_eq(tg_fill((CUdeviceptr)(uintptr_t)x, n, 0xa0 + (uint32_t)round, LONG_ITERS, a), 0);
+		ck_assert_int_eq(cuvmm_free_async(pool, x, a), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_malloc_async(pool, size, b, &y), CUVMM_OK);
+		qa = tg_stream_query(a);
+		ck_assert_msg(qa == CUDA_ERROR_NOT_READY, "round %d: the kernel on A finished too early (%s): raise "
+			      "LONG_ITERS", round, tg_error_name(qa));
+		ck_assert_msg(!overlaps((uintptr_t)y, size, (uintptr_t)x, size),
+			      "round %d: stream B got memory freed on A while A's kernel still writes it", round);
+		ck_assert_int_eq(tg_fill((CUdeviceptr)(uintptr_t)y, n, 0xb0, 1, b), 0);
+		ck_assert_int_eq(tg_check((CUdeviceptr)(uintptr_t)y, n, 0xb0, b, &bad), 0);
+		ck_assert_uint_eq(bad, 0);
+		/* On A: at once, behind the kernel. */
+		ck_assert_int_eq(cuvmm_malloc_async(pool, size, a, &w), CUVMM_OK);
+		ck_assert_ptr_eq(w, x);
+		ck_assert_int_eq(tg_fill((CUdeviceptr)(uintptr_t)w, n, 0xc0, 1, a), 0);
+		ck_assert_int_eq(tg_check((CUdeviceptr)(uintptr_t)w, n, 0xc0, a, &bad), 0);
+		ck_assert_uint_eq(bad, 0);
+		ck_assert_int_eq(cuvmm_free_async(pool, w, a), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free_async(pool, y, b), CUVMM_OK);
+		ck_assert_int_eq(tg_stream_sync(a), 0);
+		ck_assert_int_eq(tg_stream_sync(b), 0);
+		/* A's work is done: B may take it now. */
+		ck_assert_int_eq(cuvmm_malloc_async(pool, size, b, &z), CUVMM_OK);
+		ck_assert_int_eq(tg_fill((CUdeviceptr)(uintptr_t)z, n, 0xd0, 1, b), 0);
+		ck_assert_int_eq(tg_check((CUdeviceptr)(uintptr_t)z, n, 0xd0, b, &bad), 0);
+		ck_assert_uint_eq(bad, 0);
+		ck_assert_int_eq(cuvmm_free_async(pool, z, b), CUVMM_OK);
+		ck_assert_int_eq(tg_stream_sync(b), 0);
+	}
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	tc_stream_destroy(a);
+	tc_stream_destroy(b);
+	cuvmm_ctx_destroy(ctx);
+	ck_assert_int_eq(tg_ctx_sync(), 0);
+}
+END_TEST
+
+/* Frees (stream-less and stream-ordered) of memory a kernel still writes, while another thread trims: the
+ * library must not unmap it before the kernel is done (the stream sync would report an illegal address). */
+START_TEST(test_gpu_free_while_running)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	struct trimmer t;
+	pthread_t tt;
+	CUstream a;
+	const size_t size = 32 * TC_MiB;
+
+	if (tc_on_host())
+		return;
+	for (int delay = 0; delay < 2; delay++) {
+		ctx = new_ctx(delay ? 1000 : 0, true, 0, 0); /* 0: given back at once, after a device sync */
+		pool = new_pool(ctx, 0);
+		a = new_stream(0);
+		memset(&t, 0, sizeof(t));
+		t.ctx = ctx;
+		t.pool = pool;
+		t.rng = DEFAULT_SEED;
+		atomic_init(&t.stop, false);
+		ck_assert_int_eq(pthread_create(&tt, NULL, trimmer_main, &t), 0);
+		for (int round = 0; round < 8; round++) {
+			void *x;
+
+			ck_assert_int_eq(cuvmm_malloc_async(pool, size + (size_t)round * TC_MiB, a, &x), CUVMM_OK);
+			ck_assert_int_eq(tg_fill((CUdeviceptr)(uintptr_t)x, size / 4, 1, LONG_ITERS / 10, a), 0);
+			ck_assert_int_eq(round % 2 ? cuvmm_free_async(pool, x, a) : cuvmm_free(pool, x), CUVMM_OK);
+		}
+		ck_assert_int_eq(tg_stream_sync(a), 0);
+		atomic_store(&t.stop, true);
+		pthread_join(tt, NULL);
+		ck_assert_msg(!t.err[0], "%s", t.err);
+		ck_assert_int_eq(tg_ctx_sync(), 0);
+		trim_ok(pool, 0);
+		ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+		cuvmm_pool_destroy(pool);
+		tc_stream_destroy(a);
+		cuvmm_ctx_destroy(ctx);
+	}
+}
+END_TEST
+
+/* ----- suite ----- */
+
+static TCase *new_tcase(Suite *s, const char *name)
+{
+	TCase *tc = tcase_create(name);
+
+	tcase_add_checked_fixture(tc, NULL, teardown);
+	tcase_set_timeout(tc, TC_TIMEOUT);
+	suite_add_tcase(s, tc);
+	return tc;
+}
+
+static Suite *pool_suite(void)
+{
+	Suite *s = suite_create("pool");
+	TCase *tc;
+
+	tc = new_tcase(s, "model");
+	tcase_add_test(tc, test_model_short_delay);
+	tcase_add_test(tc, test_model_delay_zero);
+	tcase_add_test(tc, test_model_never);
+
+	tc = new_tcase(s, "faults");
+	tcase_add_test(tc, test_fault_malloc_fresh);
+	tcase_add_test(tc, test_fault_enomem_gives_slack_back);
+	tcase_add_test(tc, test_fault_free_async);
+	tcase_add_test(tc, test_fault_reserve);
+	tcase_add_test(tc, test_fault_device_sync);
+	tcase_add_test(tc, test_fault_unmap);
+	tcase_add_test(tc, test_fault_release);
+
+	tc = new_tcase(s, "input");
+	tcase_add_test(tc, test_bad_input);
+	tcase_add_test(tc, test_destroy_with_live_allocations);
+
+	tc = new_tcase(s, "release");
+	tcase_add_test(tc, test_release_background);
+	tcase_add_test(tc, test_release_on_later_call);
+	tcase_add_test(tc, test_release_never);
+	tcase_add_test(tc, test_release_retain);
+	tcase_add_test(tc, test_trim_keep);
+	tcase_add_test(tc, test_idle_bound);
+	tcase_add_test(tc, test_idle_bound_cut_extension);
+	tcase_add_test(tc, test_slack_bound);
+
+	tc = new_tcase(s, "streams");
+	tcase_add_test(tc, test_stream_reuse_large);
+	tcase_add_test(tc, test_stream_reuse_small);
+	tcase_add_test(tc, test_stream_slab_from_pending_run);
+
+	tc = new_tcase(s, "threads");
+	tcase_add_test(tc, test_threads);
+
+	tc = new_tcase(s, "gpu");
+	tcase_add_test(tc, test_gpu_stream_reuse);
+	tcase_add_test(tc, test_gpu_free_while_running);
+	return s;
+}
+
+int main(void)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0); /* the summaries survive a failing test's exit */
+	return tc_run(pool_suite());
+}

@@ -1,0 +1,1099 @@
+/*
+ * Sleep and wake: regions (OFFLOAD keeps contents at the same addresses, DISCARD keeps the mapping layout),
+ * pools (every allocation comes back at its address), the calls refused while asleep, memory given back to
+ * the driver and to the OS (host backend), every driver call of the sleep and wake paths made to fail (the
+ * object is left awake and intact, or asleep and wakeable), and (CUDA) a graph captured before sleep that
+ * replays after wake.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "drv.h"
+#include "gpu.h"
+
+#define G (2 * TC_MiB) /* the granularity on both backends (host default, H200) */
+
+static void teardown(void)
+{
+	cvm_host_gate_open();
+	tc_log_release();
+}
+
+/* ----- helpers ----- */
+
+static struct cuvmm_ctx *ctx_with(int64_t delay_ms)
+{
+	struct cuvmm_config cfg;
+
+	tc_config(&cfg);
+	cfg.release_delay_ms = delay_ms;
+	return tc_ctx(&cfg);
+}
+
+static struct cuvmm_region *region_ex(struct cuvmm_ctx *ctx, size_t bytes, size_t gran)
+{
+	struct cuvmm_region *r = NULL;
+	int err = cuvmm_region_create_ex(ctx, 0, bytes, gran, &r);
+
+	ck_assert_msg(err == CUVMM_OK, "cuvmm_region_create_ex(%zu, %zu): %s", bytes, gran, cuvmm_err_name(err));
+	ck_assert_ptr_nonnull(r);
+	return r;
+}
+
+static struct cuvmm_region *region(struct cuvmm_ctx *ctx, size_t bytes)
+{
+	return region_ex(ctx, bytes, 0);
+}
+
+static void *at(struct cuvmm_region *r, size_t offset)
+{
+	return (char *)cuvmm_region_base(r) + offset;
+}
+
+/* Per-granule (G) patterns keyed by v, so ranges can be checked piecewise. */
+static void fill_g(struct cuvmm_region *r, size_t first, size_t n, uint32_t v)
+{
+	for (size_t g = first; g < first + n; g++)
+		ck_assert_int_eq(tc_fill(at(r, g * G), G / 4, v + (uint32_t)g * 0x9e3779b9u), 0);
+}
+
+static uint64_t check_g(struct cuvmm_region *r, size_t first, size_t n, uint32_t v)
+{
+	uint64_t bad = 0;
+
+	for (size_t g = first; g < first + n; g++)
+		bad += tc_check(at(r, g * G), G / 4, v + (uint32_t)g * 0x9e3779b9u);
+	return bad;
+}
+
+/* The layout most tests use: 5 separate ranges of 2 granules (10 chunks, 5 spans to copy). */
+#define NRANGES 5
+static const size_t range_first[NRANGES] = {0, 4, 8, 12, 16};
+#define RANGE_LEN 2
+#define LAYOUT_BYTES ((size_t)NRANGES * RANGE_LEN * G)
+
+static void map_layout(struct cuvmm_region *r, uint32_t v)
+{
+	for (int i = 0; i < NRANGES; i++) {
+		ck_assert_int_eq(cuvmm_region_map(r, range_first[i] * G, RANGE_LEN * G), CUVMM_OK);
+		fill_g(r, range_first[i], RANGE_LEN, v);
+	}
+}
+
+static uint64_t check_layout(struct cuvmm_region *r, uint32_t v)
+{
+	uint64_t bad = 0;
+
+	for (int i = 0; i < NRANGES; i++)
+		bad += check_g(r, range_first[i], RANGE_LEN, v);
+	return bad;
+}
+
+static void fill_layout(struct cuvmm_region *r, uint32_t v)
+{
+	for (int i = 0; i < NRANGES; i++)
+		fill_g(r, range_first[i], RANGE_LEN, v);
+}
+
+struct snap {
+	uint64_t r_reserved, r_mapped, r_held, r_live, d_mapped, d_held, d_live;
+	int64_t memfd;
+};
+
+static struct snap snap_take(struct cuvmm_ctx *ctx, struct cuvmm_region *r)
+{
+	struct snap s;
+	struct cuvmm_stats st;
+
+	memset(&s, 0, sizeof(s));
+	if (r) {
+		st = tc_region_stats(r);
+		s.r_reserved = st.reserved_bytes;
+		s.r_mapped = st.mapped_bytes;
+		s.r_held = st.held_bytes;
+		s.r_live = st.live_bytes;
+	}
+	st = tc_ctx_stats(ctx);
+	s.d_mapped = st.mapped_bytes;
+	s.d_held = st.held_bytes;
+	s.d_live = st.live_bytes;
+	s.memfd = tc_on_host() ? tc_memfd_bytes() : 0;
+	return s;
+}
+
+#define SNAP_FIELD(a, b, f, what)                                                                            \
+	ck_assert_msg((a)->f == (b)->f, "%s: " #f " was %llu, now %llu", what, (unsigned long long)(a)->f,     \
+		      (unsigned long long)(b)->f)
+
+/* The region is exactly as in the snapshot (region stats, device mapped/live and, optionally, held/OS). */
+static void snap_expect_same(const struct snap *a, const struct snap *b, const char *what, bool device_held)
+{
+	SNAP_FIELD(a, b, r_reserved, what);
+	SNAP_FIELD(a, b, r_mapped, what);
+	SNAP_FIELD(a, b, r_held, what);
+	SNAP_FIELD(a, b, r_live, what);
+	SNAP_FIELD(a, b, d_mapped, what);
+	SNAP_FIELD(a, b, d_live, what);
+	if (device_held) {
+		SNAP_FIELD(a, b, d_held, what);
+		SNAP_FIELD(a, b, memfd, what);
+	}
+}
+
+/* Asleep: every call but wake, stats and destroy is refused, and changes nothing. */
+static void expect_region_asleep(struct cuvmm_region *r, CUstream s, const char *what)
+{
+	const size_t gr = cuvmm_region_granularity(r);
+	struct cuvmm_stats before = tc_region_stats(r), after;
+
+	ck_assert_msg(cuvmm_region_map(r, 0, gr) == CUVMM_ESTATE, "%s: map of a sleeping region", what);
+	ck_assert_msg(cuvmm_region_map(r, 2 * gr, gr) == CUVMM_ESTATE, "%s: map of a sleeping region", what);
+	ck_assert_msg(cuvmm_region_unmap(r, 0, 2 * gr, NULL) == CUVMM_ESTATE, "%s: unmap of a sleeping region", what);
+	ck_assert_msg(cuvmm_region_unmap(r, 0, 2 * gr, s) == CUVMM_ESTATE, "%s: unmap of a sleeping region", what);
+	ck_assert_msg(cuvmm_region_resize(r, 4 * gr, NULL) == CUVMM_ESTATE, "%s: resize of a sleeping region", what);
+	ck_assert_msg(cuvmm_region_resize(r, 0, s) == CUVMM_ESTATE, "%s: resize of a sleeping region", what);
+	ck_assert_msg(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL) == CUVMM_ESTATE, "%s: sleep again", what);
+	ck_assert_msg(cuvmm_region_sleep(r, CUVMM_SLEEP_DISCARD, s) == CUVMM_ESTATE, "%s: sleep again", what);
+	after = tc_region_stats(r);
+	ck_assert_uint_eq(after.mapped_bytes, 0);
+	ck_assert_uint_eq(after.held_bytes, 0);
+	ck_assert_uint_eq(after.live_bytes, before.live_bytes);
+	ck_assert_uint_eq(after.map_calls, before.map_calls);
+	ck_assert_uint_eq(after.unmap_calls, before.unmap_calls);
+}
+
+/* ----- regions ----- */
+
+/* Scattered ranges of a region, in units of its granularity: 2, 3, 1 and 4 units of 16. */
+static const struct {
+	size_t first, n;
+} scattered[] = {{0, 2}, {3, 3}, {7, 1}, {12, 4}};
+#define NSCATTERED 4
+#define SCATTERED_UNITS 10
+
+static void map_scattered(struct cuvmm_region *r)
+{
+	const size_t gr = cuvmm_region_granularity(r);
+
+	for (int i = 0; i < NSCATTERED; i++)
+		ck_assert_int_eq(cuvmm_region_map(r, scattered[i].first * gr, scattered[i].n * gr), CUVMM_OK);
+}
+
+static void fill_scattered(struct cuvmm_region *r, uint32_t v)
+{
+	const size_t k = cuvmm_region_granularity(r) / G;
+
+	for (int i = 0; i < NSCATTERED; i++)
+		fill_g(r, scattered[i].first * k, scattered[i].n * k, v);
+}
+
+static uint64_t check_scattered(struct cuvmm_region *r, uint32_t v)
+{
+	const size_t k = cuvmm_region_granularity(r) / G;
+	uint64_t bad = 0;
+
+	for (int i = 0; i < NSCATTERED; i++)
+		bad += check_g(r, scattered[i].first * k, scattered[i].n * k, v);
+	return bad;
+}
+
+/*
+ * OFFLOAD and wake, twice: memory given back (device and OS), refused calls, same addresses, same contents,
+ * same statistics. _i: bit 0 = on a stream (else NULL), bit 1 = a region of 4-granule (8 MiB) units.
+ */
+START_TEST(test_region_offload)
+{
+	const bool on_stream = _i & 1, coarse = _i & 2;
+	const size_t gr = coarse ? 4 * G : G;
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = region_ex(ctx, 16 * gr, coarse ? gr : 0);
+	void *base = cuvmm_region_base(r);
+	struct snap awake, asleep, now;
+	struct cuvmm_stats st0, st;
+	CUstream s = NULL;
+	char what[64];
+
+	snprintf(what, sizeof(what), "offload%s%s", on_stream ? " on a stream" : "", coarse ? ", 8 MiB units" : "");
+	ck_assert_uint_eq(cuvmm_region_granularity(r), gr);
+	if (on_stream)
+		ck_assert_int_eq(tc_stream_create(&s), 0);
+	map_scattered(r);
+	fill_scattered(r, 51);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	awake = snap_take(ctx, r);
+	st0 = tc_region_stats(r);
+	ck_assert_uint_eq(awake.r_mapped, SCATTERED_UNITS * gr);
+	ck_assert_uint_eq(awake.r_live, SCATTERED_UNITS * gr);
+	ck_assert_uint_eq(awake.d_held, awake.r_held);
+
+	for (uint32_t cycle = 0; cycle < 2; cycle++) {
+		uint32_t v = 51 + cycle;
+
+		ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s), CUVMM_OK);
+		asleep = snap_take(ctx, r);
+		ck_assert_uint_eq(asleep.r_mapped, 0);
+		ck_assert_uint_eq(asleep.r_held, 0);
+		ck_assert_uint_eq(asleep.r_live, awake.r_live); /* what wake brings back */
+		ck_assert_uint_eq(asleep.r_reserved, awake.r_reserved);
+		ck_assert_uint_eq(asleep.d_mapped, 0);
+		ck_assert_uint_eq(asleep.d_held, 0); /* given back to the driver, not cached */
+		ck_assert_uint_eq(asleep.d_live, awake.d_live);
+		if (tc_on_host())
+			ck_assert_int_eq(asleep.memfd, 0);
+		st = tc_ctx_stats(ctx);
+		ck_assert_uint_eq(st.create_calls, st.release_calls);
+		expect_region_asleep(r, s, what);
+		ck_assert_ptr_eq(cuvmm_region_base(r), base);
+		ck_assert_uint_eq(cuvmm_region_size(r), 16 * gr);
+
+		ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_OK);
+		ck_assert_int_eq(tc_stream_sync(s), 0);
+		ck_assert_ptr_eq(cuvmm_region_base(r), base);
+		now = snap_take(ctx, r);
+		snap_expect_same(&awake, &now, what, true);
+		ck_assert_uint_eq(check_scattered(r, v), 0);
+		st = tc_region_stats(r);
+		ck_assert_uint_eq(st.map_calls - st0.map_calls, (cycle + 1) * SCATTERED_UNITS); /* one chunk per unit */
+		ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_ESTATE);
+		tc_assert_os_matches(ctx);
+		fill_scattered(r, v + 1); /* new contents for the next cycle */
+	}
+	/* Awake and usable: map, unmap and resize work again. */
+	ck_assert_int_eq(cuvmm_region_map(r, 2 * gr, gr), CUVMM_OK);
+	ck_assert_uint_eq(tc_region_stats(r).mapped_bytes, awake.r_mapped + gr);
+	ck_assert_int_eq(cuvmm_region_unmap(r, 2 * gr, gr, s), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_resize(r, 2 * gr, s), CUVMM_OK);
+	tc_settle(ctx);
+	ck_assert_uint_eq(tc_region_stats(r).mapped_bytes, 2 * gr);
+	ck_assert_uint_eq(check_g(r, 0, 2 * gr / G, 53), 0);
+	tc_stream_destroy(s);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* DISCARD: the memory goes without a copy; wake maps exactly the same ranges again, usable. _i: stream. */
+START_TEST(test_region_discard)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = region(ctx, 16 * G);
+	struct snap awake, asleep, now;
+	uint64_t host_allocs, copies;
+	CUstream s = NULL;
+
+	if (_i)
+		ck_assert_int_eq(tc_stream_create(&s), 0);
+	map_scattered(r);
+	fill_scattered(r, 61);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	awake = snap_take(ctx, r);
+	host_allocs = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC);
+	copies = cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY);
+
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_DISCARD, s), CUVMM_OK);
+	asleep = snap_take(ctx, r);
+	ck_assert_uint_eq(asleep.r_mapped, 0);
+	ck_assert_uint_eq(asleep.r_held, 0);
+	ck_assert_uint_eq(asleep.r_live, awake.r_live);
+	ck_assert_uint_eq(asleep.d_held, 0);
+	if (tc_on_host())
+		ck_assert_int_eq(asleep.memfd, 0);
+	expect_region_asleep(r, s, "discard");
+
+	ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_OK);
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+	now = snap_take(ctx, r);
+	snap_expect_same(&awake, &now, "discard", true);
+	/* no pinned memory, no copy either way */
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC), host_allocs);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY), copies);
+	/* the same ranges are mapped and usable (contents unspecified) */
+	fill_scattered(r, 62);
+	ck_assert_uint_eq(check_scattered(r, 62), 0);
+	ck_assert_int_eq(cuvmm_region_map(r, 2 * G, G), CUVMM_OK);
+	ck_assert_uint_eq(tc_region_stats(r).mapped_bytes, (SCATTERED_UNITS + 1) * G);
+	tc_stream_destroy(s);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A region with nothing mapped sleeps and wakes; nothing is copied or allocated. */
+START_TEST(test_region_sleep_empty)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = region(ctx, 8 * G);
+	struct cuvmm_stats st;
+
+	for (int mode = 0; mode < 2; mode++) {
+		ck_assert_int_eq(cuvmm_region_sleep(r, (enum cuvmm_sleep_mode)mode, NULL), CUVMM_OK);
+		expect_region_asleep(r, NULL, "empty");
+		ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+		st = tc_region_stats(r);
+		ck_assert_uint_eq(st.mapped_bytes, 0);
+		ck_assert_uint_eq(st.live_bytes, 0);
+	}
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC), 0);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY), 0);
+
+	/* mapped, then unmapped again: nothing to sleep either */
+	ck_assert_int_eq(cuvmm_region_map(r, 0, 4 * G), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_unmap(r, 0, 4 * G, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0); /* the cached chunks went too */
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(tc_region_stats(r).mapped_bytes, 0);
+	ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_OK);
+	fill_g(r, 0, 1, 71);
+	ck_assert_uint_eq(check_g(r, 0, 1, 71), 0);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Argument and state checks. */
+START_TEST(test_sleep_einval_estate)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = region(ctx, 8 * G);
+	struct cuvmm_pool_config pc;
+	struct cuvmm_pool *p = NULL;
+	void *ptr;
+
+	ck_assert_int_eq(cuvmm_region_map(r, 0, 2 * G), CUVMM_OK);
+	fill_g(r, 0, 2, 81);
+	ck_assert_int_eq(cuvmm_region_sleep(NULL, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_region_wake(NULL, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_region_sleep(r, (enum cuvmm_sleep_mode)2, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_region_sleep(r, (enum cuvmm_sleep_mode)-1, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_ESTATE); /* awake */
+	/* still awake, untouched */
+	ck_assert_uint_eq(tc_region_stats(r).mapped_bytes, 2 * G);
+	ck_assert_int_eq(cuvmm_region_map(r, 2 * G, G), CUVMM_OK);
+	ck_assert_uint_eq(check_g(r, 0, 2, 81), 0);
+	/* a bad mode on a sleeping region is still a bad mode, and it stays asleep */
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep(r, (enum cuvmm_sleep_mode)7, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(check_g(r, 0, 2, 81), 0);
+
+	cuvmm_pool_config_init(&pc);
+	pc.max_bytes = 64 * TC_MiB;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &p), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(p, 4096, &ptr), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_sleep(NULL, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_pool_wake(NULL, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_pool_sleep(p, (enum cuvmm_sleep_mode)2, NULL), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_free(p, ptr), CUVMM_OK); /* awake */
+	cuvmm_pool_destroy(p);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Destroying a sleeping region (or leaving it to the context) frees its host copy (no leak under ASan) and gives
+ * back every count, live bytes included. */
+START_TEST(test_region_destroy_asleep)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = region(ctx, 16 * G), *r2;
+	struct cuvmm_stats st;
+
+	map_scattered(r);
+	fill_scattered(r, 91);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).live_bytes, SCATTERED_UNITS * G);
+	cuvmm_region_destroy(r);
+	st = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(st.reserved_bytes, 0);
+	ck_assert_uint_eq(st.held_bytes, 0);
+	ck_assert_uint_eq(st.mapped_bytes, 0);
+	tc_assert_os_matches(ctx);
+
+	/* one left to the context */
+	r2 = region(ctx, 16 * G);
+	map_scattered(r2);
+	ck_assert_int_eq(cuvmm_region_sleep(r2, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	tc_log_capture(CUVMM_LOG_WARN);
+	cuvmm_ctx_destroy(ctx);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_WARN, "region"), 1);
+	/* checked last, so that the rest runs (and ASan sees the whole teardown) whatever this says */
+	ck_assert_msg(st.live_bytes == 0, "the device counts %llu live bytes after its only region was destroyed asleep",
+		      (unsigned long long)st.live_bytes);
+}
+END_TEST
+
+/* Pending unmaps are not contents: sleep waits for their fence (the host gate), and they stay unmapped. */
+struct opener {
+	int delay_ms;
+	volatile int opened;
+};
+
+static void *open_gate_later(void *p)
+{
+	struct opener *o = p;
+
+	tc_sleep_ms(o->delay_ms);
+	__atomic_store_n(&o->opened, 1, __ATOMIC_SEQ_CST);
+	cvm_host_gate_open();
+	return NULL;
+}
+
+START_TEST(test_region_sleep_pending_unmap)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_region *r;
+	struct opener o = {150, 0};
+	pthread_t t;
+	struct cuvmm_stats st;
+	CUstream s;
+
+	if (!tc_on_host()) {
+		printf("test_region_sleep_pending_unmap: host backend only (uses the host gate)\n");
+		return;
+	}
+	ctx = ctx_with(-1);
+	r = region(ctx, 16 * G);
+	ck_assert_int_eq(tc_stream_create(&s), 0);
+	map_scattered(r);
+	fill_scattered(r, 101);
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_region_unmap(r, 12 * G, 4 * G, s), CUVMM_OK); /* pending behind the gate */
+	st = tc_region_stats(r);
+	ck_assert_uint_eq(st.mapped_bytes, SCATTERED_UNITS * G);
+	ck_assert_uint_eq(st.live_bytes, (SCATTERED_UNITS - 4) * G);
+	ck_assert_int_eq(pthread_create(&t, NULL, open_gate_later, &o), 0);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_msg(__atomic_load_n(&o.opened, __ATOMIC_SEQ_CST), "sleep returned before the pending unmap's fence");
+	pthread_join(t, NULL);
+	st = tc_region_stats(r);
+	ck_assert_uint_eq(st.mapped_bytes, 0);
+	ck_assert_uint_eq(st.live_bytes, (SCATTERED_UNITS - 4) * G);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	st = tc_region_stats(r);
+	ck_assert_uint_eq(st.mapped_bytes, (SCATTERED_UNITS - 4) * G);
+	ck_assert_uint_eq(st.live_bytes, (SCATTERED_UNITS - 4) * G);
+	ck_assert_uint_eq(check_g(r, 0, 2, 101) + check_g(r, 3, 3, 101) + check_g(r, 7, 1, 101), 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ----- pools ----- */
+
+static const size_t pool_sizes[] = {
+	256, 400, 4096, 10000, 65536, 300 * TC_KiB, TC_MiB, TC_MiB + 4096, 3 * TC_MiB, 5 * TC_MiB + 4096,
+	17 * TC_MiB, 40 * TC_MiB,
+};
+#define NPOOL_SIZES ((int)(sizeof(pool_sizes) / sizeof(pool_sizes[0])))
+#define NPTR (3 * NPOOL_SIZES)
+
+struct pool_state {
+	struct cuvmm_pool *p;
+	void *ptr[NPTR];
+	size_t size[NPTR];
+	bool live[NPTR];
+};
+
+static uint32_t pkey(int i, uint32_t gen)
+{
+	return 0x3c6ef372u ^ ((uint32_t)i * 0x27d4eb2fu) ^ gen;
+}
+
+static struct cuvmm_pool *pool_new(struct cuvmm_ctx *ctx)
+{
+	struct cuvmm_pool_config pc;
+	struct cuvmm_pool *p = NULL;
+
+	cuvmm_pool_config_init(&pc);
+	pc.max_bytes = 512 * TC_MiB;
+	pc.name = "sleepy";
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &p), CUVMM_OK);
+	return p;
+}
+
+/* Small and large allocations, every third one freed again. */
+static void pool_populate(struct pool_state *ps, uint32_t gen)
+{
+	for (int i = 0; i < NPTR; i++) {
+		ps->size[i] = pool_sizes[i % NPOOL_SIZES];
+		ck_assert_int_eq(cuvmm_malloc(ps->p, ps->size[i], &ps->ptr[i]), CUVMM_OK);
+		ck_assert_int_eq(tc_fill(ps->ptr[i], ps->size[i] / 4, pkey(i, gen)), 0);
+		ps->live[i] = true;
+	}
+	for (int i = 0; i < NPTR; i += 3) {
+		ck_assert_int_eq(cuvmm_free(ps->p, ps->ptr[i]), CUVMM_OK);
+		ps->live[i] = false;
+	}
+}
+
+static uint64_t pool_check(struct pool_state *ps, uint32_t gen)
+{
+	uint64_t bad = 0;
+
+	for (int i = 0; i < NPTR; i++)
+		if (ps->live[i])
+			bad += tc_check(ps->ptr[i], ps->size[i] / 4, pkey(i, gen));
+	return bad;
+}
+
+static struct cuvmm_stats pool_st(struct cuvmm_pool *p)
+{
+	struct cuvmm_stats st;
+
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	ck_assert_int_eq(cuvmm_pool_stats(p, &st), CUVMM_OK);
+	return st;
+}
+
+/* Asleep: malloc, free and sleep refused (pool_trim is checked on its own in test_pool_trim_asleep). */
+static void expect_pool_asleep(struct pool_state *ps, CUstream s)
+{
+	void *q = (void *)(uintptr_t)0x1234;
+	int live = -1;
+
+	for (int i = 0; i < NPTR && live < 0; i++)
+		if (ps->live[i])
+			live = i;
+	ck_assert_int_eq(cuvmm_malloc(ps->p, 4096, &q), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_malloc(ps->p, 8 * TC_MiB, &q), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_malloc_async(ps->p, 4096, s, &q), CUVMM_ESTATE);
+	ck_assert_ptr_eq(q, (void *)(uintptr_t)0x1234);
+	ck_assert_int_eq(cuvmm_free(ps->p, ps->ptr[live]), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_free_async(ps->p, ps->ptr[live], s), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_pool_sleep(ps->p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_pool_sleep(ps->p, CUVMM_SLEEP_DISCARD, s), CUVMM_ESTATE);
+}
+
+/* _i: 0 = OFFLOAD, 1 = DISCARD. */
+START_TEST(test_pool_sleep_wake)
+{
+	const enum cuvmm_sleep_mode mode = _i ? CUVMM_SLEEP_DISCARD : CUVMM_SLEEP_OFFLOAD;
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct pool_state ps;
+	struct cuvmm_stats before, st;
+	CUstream s;
+	void *q[4];
+
+	memset(&ps, 0, sizeof(ps));
+	ck_assert_int_eq(tc_stream_create(&s), 0);
+	ps.p = pool_new(ctx);
+	pool_populate(&ps, 1);
+	before = pool_st(ps.p);
+	ck_assert_uint_gt(before.held_bytes, 0);
+
+	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, mode, NULL), CUVMM_OK);
+	st = pool_st(ps.p);
+	ck_assert_uint_eq(st.held_bytes, 0); /* free memory given back too */
+	ck_assert_uint_eq(st.mapped_bytes, 0);
+	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
+	st = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(st.held_bytes, 0);
+	ck_assert_uint_eq(st.mapped_bytes, 0);
+	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
+	if (tc_on_host())
+		ck_assert_int_eq(tc_memfd_bytes(), 0);
+	expect_pool_asleep(&ps, s);
+	ck_assert_uint_eq(pool_st(ps.p).live_bytes, before.live_bytes);
+
+	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_ESTATE);
+	st = pool_st(ps.p);
+	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
+	ck_assert_uint_eq(st.held_bytes, st.mapped_bytes);
+	ck_assert_uint_le(st.mapped_bytes, before.mapped_bytes); /* the free memory stays given back */
+	ck_assert_uint_ge(st.mapped_bytes, st.live_bytes);
+	tc_assert_os_matches(ctx);
+	if (mode == CUVMM_SLEEP_OFFLOAD) {
+		ck_assert_uint_eq(pool_check(&ps, 1), 0);
+	} else {
+		for (int i = 0; i < NPTR; i++) /* pointers valid, contents unspecified */
+			if (ps.live[i])
+				ck_assert_int_eq(tc_fill(ps.ptr[i], ps.size[i] / 4, pkey(i, 1)), 0);
+		ck_assert_uint_eq(pool_check(&ps, 1), 0);
+	}
+
+	/* The allocator works: new allocations of every kind, old pointers freed. */
+	ck_assert_int_eq(cuvmm_malloc(ps.p, 512, &q[0]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(ps.p, 200 * TC_KiB, &q[1]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(ps.p, 6 * TC_MiB, &q[2]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(ps.p, 64 * TC_KiB, s, &q[3]), CUVMM_OK);
+	ck_assert_int_eq(tc_fill(q[0], 512 / 4, 5), 0);
+	ck_assert_int_eq(tc_fill(q[1], 200 * TC_KiB / 4, 6), 0);
+	ck_assert_int_eq(tc_fill(q[2], 6 * TC_MiB / 4, 7), 0);
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+	ck_assert_int_eq(tc_fill(q[3], 64 * TC_KiB / 4, 8), 0);
+	ck_assert_uint_eq(pool_check(&ps, 1), 0);
+	ck_assert_uint_eq(tc_check(q[0], 512 / 4, 5) + tc_check(q[1], 200 * TC_KiB / 4, 6) +
+				  tc_check(q[2], 6 * TC_MiB / 4, 7) + tc_check(q[3], 64 * TC_KiB / 4, 8),
+			  0);
+	for (int i = 0; i < NPTR; i++)
+		if (ps.live[i]) {
+			ck_assert_int_eq(cuvmm_free(ps.p, ps.ptr[i]), CUVMM_OK);
+			ps.live[i] = false;
+		}
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(cuvmm_free(ps.p, q[i]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free_async(ps.p, q[3], s), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(ps.p).live_bytes, 0);
+	ck_assert_int_eq(cuvmm_pool_trim(ps.p, 0), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(ps.p).held_bytes, 0);
+
+	/* And a second cycle on an empty pool. */
+	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, mode, s), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(ps.p, s), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(ps.p, 4096, &q[0]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(ps.p, q[0]), CUVMM_OK);
+	tc_stream_destroy(s);
+	cuvmm_pool_destroy(ps.p);
+	st = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(st.live_bytes, 0);
+	ck_assert_uint_eq(st.reserved_bytes, 0);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* cuvmm_pool_trim on a sleeping pool: cuvmm.h, "While an object sleeps, calls on it other than wake, stats and
+ * destroy fail with CUVMM_ESTATE". */
+START_TEST(test_pool_trim_asleep)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct pool_state ps;
+	int got;
+
+	memset(&ps, 0, sizeof(ps));
+	ps.p = pool_new(ctx);
+	pool_populate(&ps, 2);
+	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	got = cuvmm_pool_trim(ps.p, 0);
+	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pool_check(&ps, 2), 0);
+	ck_assert_msg(got == CUVMM_ESTATE, "cuvmm_pool_trim on a sleeping pool returned %s, want CUVMM_ESTATE",
+		      cuvmm_err_name(got));
+	cuvmm_pool_destroy(ps.p);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Destroying a sleeping pool frees everything. */
+START_TEST(test_pool_destroy_asleep)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct pool_state ps;
+	struct cuvmm_stats st;
+
+	memset(&ps, 0, sizeof(ps));
+	ps.p = pool_new(ctx);
+	pool_populate(&ps, 3);
+	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	tc_log_capture(CUVMM_LOG_WARN);
+	cuvmm_pool_destroy(ps.p);
+	st = tc_ctx_stats(ctx);
+	ck_assert_uint_eq(st.reserved_bytes, 0);
+	ck_assert_uint_eq(st.held_bytes, 0);
+	ck_assert_uint_eq(st.live_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ----- fault injection ----- */
+
+static const char *const call_names[] = {
+	"RESERVE", "UNRESERVE", "CREATE", "RELEASE", "MAP", "UNMAP", "SET_ACCESS", "EVENT_CREATE",
+	"EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "DEVICE_SYNC", "STREAM_WAIT", "HOST_ALLOC", "COPY",
+};
+
+/* A region laid out as map_layout() with contents 111, the cache emptied. */
+static struct cuvmm_region *fault_region(struct cuvmm_ctx *ctx)
+{
+	struct cuvmm_region *r = region(ctx, 20 * G);
+
+	map_layout(r, 111);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	return r;
+}
+
+/*
+ * Sleep failing: HOST_ALLOC, COPY (first, second, last piece), UNMAP (first, second, sixth, last chunk), and
+ * DEVICE_SYNC (NULL stream). The region stays awake and intact, every chunk back in place; sleep then works.
+ */
+static const struct {
+	enum cuvmm_call call;
+	uint64_t skip;
+	int err;
+	bool stream;
+} sleep_faults[] = {
+	{CUVMM_CALL_HOST_ALLOC, 0, CUVMM_ENOMEM, false},
+	{CUVMM_CALL_HOST_ALLOC, 0, CUVMM_ENOMEM, true},
+	{CUVMM_CALL_COPY, 0, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_COPY, 1, CUVMM_EDRIVER, true},
+	{CUVMM_CALL_COPY, 4, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_UNMAP, 0, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_UNMAP, 1, CUVMM_EDRIVER, true},
+	{CUVMM_CALL_UNMAP, 5, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_UNMAP, 9, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_DEVICE_SYNC, 0, CUVMM_EDRIVER, false},
+};
+#define SLEEP_FAULT_CASES ((int)(sizeof(sleep_faults) / sizeof(sleep_faults[0])))
+
+START_TEST(test_fault_sleep)
+{
+	const enum cuvmm_call call = sleep_faults[_i].call;
+	const uint64_t skip = sleep_faults[_i].skip;
+	const int err = sleep_faults[_i].err;
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = fault_region(ctx);
+	struct snap before, after;
+	CUstream s = NULL;
+	uint64_t calls;
+	char what[96];
+	int got;
+
+	snprintf(what, sizeof(what), "%s failing after %llu calls in a sleep%s", call_names[call],
+		 (unsigned long long)skip, sleep_faults[_i].stream ? " on a stream" : "");
+	if (sleep_faults[_i].stream)
+		ck_assert_int_eq(tc_stream_create(&s), 0);
+	before = snap_take(ctx, r);
+	calls = cuvmm_ctx_call_count(ctx, call);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, skip, 1, err), CUVMM_OK);
+	tc_log_capture(CUVMM_LOG_ERROR);
+	got = cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s);
+	ck_assert_msg(got == err, "%s: returned %s, want %s", what, cuvmm_err_name(got), cuvmm_err_name(err));
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, call) - calls, skip + 1);
+	after = snap_take(ctx, r);
+	snap_expect_same(&before, &after, what, true);
+	ck_assert_msg(check_layout(r, 111) == 0, "%s: contents changed", what);
+	/* awake: it maps, and sleeps */
+	ck_assert_int_eq(cuvmm_region_map(r, 2 * G, G), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_unmap(r, 2 * G, G, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s), CUVMM_OK);
+	ck_assert_uint_eq(tc_region_stats(r).held_bytes, 0);
+	ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_OK);
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+	ck_assert_uint_eq(check_layout(r, 111), 0);
+	ck_assert_uint_eq(tc_region_stats(r).mapped_bytes, LAYOUT_BYTES);
+	tc_stream_destroy(s);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* DISCARD allocates nothing: a HOST_ALLOC or COPY fault does not stop it. */
+START_TEST(test_fault_discard_needs_no_copy)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = fault_region(ctx);
+
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_HOST_ALLOC, 0, UINT32_MAX, CUVMM_ENOMEM), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_COPY, 0, UINT32_MAX, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_DISCARD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(tc_region_stats(r).mapped_bytes, LAYOUT_BYTES);
+	fill_layout(r, 112);
+	ck_assert_uint_eq(check_layout(r, 112), 0);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * Wake failing: CREATE, MAP, SET_ACCESS (first, second, sixth, last chunk) and COPY (first, second, last
+ * piece). The region stays asleep with nothing of it mapped and its host copy intact: the next wake restores
+ * everything. _i < 12: OFFLOAD; the last cases: DISCARD.
+ */
+static const struct {
+	enum cuvmm_call call;
+	uint64_t skip;
+	int err;
+	enum cuvmm_sleep_mode mode;
+} wake_faults[] = {
+	{CUVMM_CALL_CREATE, 0, CUVMM_ENOMEM, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_CREATE, 1, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_CREATE, 5, CUVMM_ENOMEM, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_CREATE, 9, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_MAP, 0, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_MAP, 1, CUVMM_ENOMEM, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_MAP, 5, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_MAP, 9, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_SET_ACCESS, 0, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_SET_ACCESS, 1, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_SET_ACCESS, 5, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_SET_ACCESS, 9, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_COPY, 0, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_COPY, 1, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_COPY, 4, CUVMM_EDRIVER, CUVMM_SLEEP_OFFLOAD},
+	{CUVMM_CALL_CREATE, 3, CUVMM_EDRIVER, CUVMM_SLEEP_DISCARD},
+	{CUVMM_CALL_MAP, 7, CUVMM_EDRIVER, CUVMM_SLEEP_DISCARD},
+};
+#define WAKE_FAULT_CASES ((int)(sizeof(wake_faults) / sizeof(wake_faults[0])))
+
+START_TEST(test_fault_wake)
+{
+	const enum cuvmm_call call = wake_faults[_i].call;
+	const uint64_t skip = wake_faults[_i].skip;
+	const int err = wake_faults[_i].err;
+	const enum cuvmm_sleep_mode mode = wake_faults[_i].mode;
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = fault_region(ctx);
+	struct snap awake, asleep, after;
+	uint64_t calls;
+	char what[96];
+	CUstream s;
+	int got;
+
+	snprintf(what, sizeof(what), "%s failing after %llu calls in a wake (%s)", call_names[call],
+		 (unsigned long long)skip, mode == CUVMM_SLEEP_OFFLOAD ? "offload" : "discard");
+	ck_assert_int_eq(tc_stream_create(&s), 0);
+	awake = snap_take(ctx, r);
+	ck_assert_int_eq(cuvmm_region_sleep(r, mode, NULL), CUVMM_OK);
+	asleep = snap_take(ctx, r);
+	calls = cuvmm_ctx_call_count(ctx, call);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, skip, 1, err), CUVMM_OK);
+	tc_log_capture(CUVMM_LOG_ERROR);
+	got = cuvmm_region_wake(r, _i % 2 ? s : NULL);
+	ck_assert_msg(got == err, "%s: returned %s, want %s", what, cuvmm_err_name(got), cuvmm_err_name(err));
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, call) - calls, skip + 1);
+	/* still asleep, nothing of it mapped (the device may cache the chunks the failed call got) */
+	after = snap_take(ctx, r);
+	snap_expect_same(&asleep, &after, what, false);
+	ck_assert_uint_eq(after.d_mapped, 0);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_ERROR, "stays mapped"), 0);
+	expect_region_asleep(r, s, what);
+	tc_assert_os_matches(ctx);
+
+	/* the next wake brings it all back */
+	got = cuvmm_region_wake(r, s);
+	ck_assert_msg(got == CUVMM_OK, "%s: the second wake returned %s", what, cuvmm_err_name(got));
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+	after = snap_take(ctx, r);
+	snap_expect_same(&awake, &after, what, false);
+	if (mode == CUVMM_SLEEP_OFFLOAD)
+		ck_assert_msg(check_layout(r, 111) == 0, "%s: contents lost", what);
+	fill_layout(r, 113);
+	ck_assert_uint_eq(check_layout(r, 113), 0);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	after = snap_take(ctx, r);
+	snap_expect_same(&awake, &after, what, true);
+	tc_stream_destroy(s);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* A pending unmap the driver refuses to do: sleep fails (cuvmm.h: "CUVMM_EDRIVER if a copy or unmap failed"),
+ * the region stays awake and intact, and sleeps once the unmap goes through. */
+START_TEST(test_fault_sleep_stuck_unmap)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = fault_region(ctx);
+	int got;
+
+	tc_log_capture(CUVMM_LOG_ERROR);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_UNMAP, 0, UINT32_MAX, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_unmap(r, 16 * G, 2 * G, NULL), CUVMM_OK); /* stuck mapped */
+	got = cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL);
+	ck_assert_int_ne(got, CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_map(r, 2 * G, G), CUVMM_OK); /* awake */
+	ck_assert_uint_eq(check_g(r, 0, 2, 111) + check_g(r, 4, 2, 111) + check_g(r, 8, 2, 111) + check_g(r, 12, 2, 111),
+			  0);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_UNMAP, 0, 0, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(check_g(r, 0, 2, 111) + check_g(r, 4, 2, 111) + check_g(r, 8, 2, 111) + check_g(r, 12, 2, 111),
+			  0);
+	ck_assert_msg(got == CUVMM_EDRIVER, "sleep with an unmap the driver refused returned %s, want CUVMM_EDRIVER",
+		      cuvmm_err_name(got));
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Pools: COPY failing in sleep (the pool stays awake, allocations intact), MAP failing in wake (it stays
+ * asleep; the next wake restores it). */
+START_TEST(test_fault_pool)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct pool_state ps;
+	struct cuvmm_stats before, st;
+	void *q;
+	int got;
+
+	memset(&ps, 0, sizeof(ps));
+	ps.p = pool_new(ctx);
+	pool_populate(&ps, 4);
+	before = pool_st(ps.p);
+
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_COPY, 1, 1, CUVMM_EDRIVER), CUVMM_OK);
+	got = cuvmm_pool_sleep(ps.p, CUVMM_SLEEP_OFFLOAD, NULL);
+	ck_assert_int_eq(got, CUVMM_EDRIVER);
+	st = pool_st(ps.p);
+	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
+	ck_assert_uint_gt(st.mapped_bytes, 0);
+	ck_assert_uint_eq(pool_check(&ps, 4), 0);
+	ck_assert_int_eq(cuvmm_malloc(ps.p, 4096, &q), CUVMM_OK); /* awake */
+	ck_assert_int_eq(cuvmm_free(ps.p, q), CUVMM_OK);
+
+	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 2, 1, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_EDRIVER);
+	st = pool_st(ps.p);
+	ck_assert_uint_eq(st.mapped_bytes, 0);
+	ck_assert_uint_eq(st.held_bytes, 0);
+	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
+	ck_assert_int_eq(cuvmm_malloc(ps.p, 4096, &q), CUVMM_ESTATE); /* asleep */
+	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pool_check(&ps, 4), 0);
+	ck_assert_int_eq(cuvmm_malloc(ps.p, 4096, &q), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(ps.p, q), CUVMM_OK);
+	cuvmm_pool_destroy(ps.p);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ----- CUDA: a graph captured before sleep replays after wake ----- */
+
+static struct {
+	void *lib;
+	CUresult (*BeginCapture)(CUstream, CUstreamCaptureMode);
+	CUresult (*EndCapture)(CUstream, CUgraph *);
+	CUresult (*Instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+	CUresult (*Launch)(CUgraphExec, CUstream);
+	CUresult (*ExecDestroy)(CUgraphExec);
+	CUresult (*Destroy)(CUgraph);
+} gr;
+
+static void graph_sym(void *slot, const char *name)
+{
+	void *p = dlsym(gr.lib, name);
+
+	ck_assert_msg(p != NULL, "libcuda.so.1 lacks %s", name);
+	memcpy(slot, &p, sizeof(p));
+}
+
+static void graph_load(void)
+{
+	gr.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	ck_assert_msg(gr.lib != NULL, "cannot load libcuda.so.1");
+	graph_sym(&gr.BeginCapture, "cuStreamBeginCapture_v2");
+	graph_sym(&gr.EndCapture, "cuStreamEndCapture");
+	graph_sym(&gr.Instantiate, "cuGraphInstantiateWithFlags");
+	graph_sym(&gr.Launch, "cuGraphLaunch");
+	graph_sym(&gr.ExecDestroy, "cuGraphExecDestroy");
+	graph_sym(&gr.Destroy, "cuGraphDestroy");
+}
+
+/* _i: 0 = OFFLOAD, 1 = DISCARD. */
+START_TEST(test_gpu_graph_survives_sleep)
+{
+	const enum cuvmm_sleep_mode mode = _i ? CUVMM_SLEEP_DISCARD : CUVMM_SLEEP_OFFLOAD;
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_region *r;
+	CUgraph graph = NULL;
+	CUgraphExec exec = NULL;
+	CUstream s;
+	int cu;
+
+	if (tc_on_host()) {
+		printf("test_gpu_graph_survives_sleep: CUDA backend only\n");
+		return;
+	}
+	ctx = ctx_with(-1);
+	graph_load();
+	r = region(ctx, 20 * G);
+	ck_assert_int_eq(tc_stream_create(&s), 0);
+	map_layout(r, 121);
+
+	/* Capture: one fill kernel per mapped range, pattern 122. */
+	ck_assert_int_eq(gr.BeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+	for (int i = 0; i < NRANGES; i++)
+		for (size_t g = range_first[i]; g < range_first[i] + RANGE_LEN; g++)
+			ck_assert_int_eq(tg_fill((CUdeviceptr)(uintptr_t)at(r, g * G), G / 4, 122 + (uint32_t)g * 0x9e3779b9u,
+						 1, s),
+					 0);
+	ck_assert_int_eq(gr.EndCapture(s, &graph), CUDA_SUCCESS);
+	ck_assert_int_eq(gr.Instantiate(&exec, graph, 0), CUDA_SUCCESS);
+	ck_assert_uint_eq(check_layout(r, 121), 0); /* capturing ran nothing */
+	ck_assert_int_eq(gr.Launch(exec, s), CUDA_SUCCESS);
+	ck_assert_int_eq(tg_stream_sync(s), CUDA_SUCCESS);
+	ck_assert_uint_eq(check_layout(r, 122), 0);
+
+	/* Other contents, sleep, wake. */
+	fill_layout(r, 123);
+	ck_assert_int_eq(cuvmm_region_sleep(r, mode, NULL), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	if (mode == CUVMM_SLEEP_OFFLOAD)
+		ck_assert_uint_eq(check_layout(r, 123), 0);
+
+	/* Replay: the graph's pointers are valid again, with the same result. */
+	ck_assert_int_eq(gr.Launch(exec, s), CUDA_SUCCESS);
+	cu = tg_stream_sync(s);
+	ck_assert_msg(cu == CUDA_SUCCESS, "the replayed graph failed: %s", tg_error_name(cu));
+	ck_assert_uint_eq(check_layout(r, 122), 0);
+	ck_assert_int_eq(tg_ctx_sync(), CUDA_SUCCESS);
+
+	gr.ExecDestroy(exec);
+	gr.Destroy(graph);
+	tc_stream_destroy(s);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+static Suite *sleep_suite(void)
+{
+	Suite *s = suite_create("sleep");
+	TCase *tc;
+
+	tc = tcase_create("region");
+	tcase_add_checked_fixture(tc, NULL, teardown);
+	tcase_set_timeout(tc, TC_TIMEOUT);
+	tcase_add_loop_test(tc, test_region_offload, 0, 4);
+	tcase_add_loop_test(tc, test_region_discard, 0, 2);
+	tcase_add_test(tc, test_region_sleep_empty);
+	tcase_add_test(tc, test_sleep_einval_estate);
+	tcase_add_test(tc, test_region_destroy_asleep);
+	tcase_add_test(tc, test_region_sleep_pending_unmap);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("pool");
+	tcase_add_checked_fixture(tc, NULL, teardown);
+	tcase_set_timeout(tc, TC_TIMEOUT);
+	tcase_add_loop_test(tc, test_pool_sleep_wake, 0, 2);
+	tcase_add_test(tc, test_pool_trim_asleep);
+	tcase_add_test(tc, test_pool_destroy_asleep);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("fault");
+	tcase_add_checked_fixture(tc, NULL, teardown);
+	tcase_set_timeout(tc, TC_TIMEOUT);
+	tcase_add_loop_test(tc, test_fault_sleep, 0, SLEEP_FAULT_CASES);
+	tcase_add_test(tc, test_fault_discard_needs_no_copy);
+	tcase_add_loop_test(tc, test_fault_wake, 0, WAKE_FAULT_CASES);
+	tcase_add_test(tc, test_fault_sleep_stuck_unmap);
+	tcase_add_test(tc, test_fault_pool);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("gpu");
+	tcase_add_checked_fixture(tc, NULL, teardown);
+	tcase_set_timeout(tc, TC_TIMEOUT);
+	tcase_add_loop_test(tc, test_gpu_graph_survives_sleep, 0, 2);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tc_run(sleep_suite());
+}
