@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Everything that must be proven on a real GPU, in one go: build, the cuda test suite, the benchmarks and
+# the examples. Written for the device machine of this project (see shared/GPU.md): Check comes as .debs
+# in .deps/ (carried with the call), results go to $OUT (at most 8 files come back).
+#
+#   tools/gpu-run.sh [STAGE...]     stages: tests bench examples (default: all)
+#
+# Logs: $OUT/tests.log, $OUT/bench.log, $OUT/examples.log; CSVs: trace.csv, trace-summary.csv,
+# shrink.csv, kv.csv.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/cuvmm-out}
+mkdir -p "$OUT"
+B=${BUILD:-/tmp/cuvmm-gpu-build}
+stages=${*:-tests bench examples}
+
+if ls .deps/*.deb >/dev/null 2>&1; then
+	for f in .deps/*.deb; do dpkg -x "$f" /; done
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if ! { meson setup "$B" -Ddocs=disabled >"$OUT/build.log" 2>&1 && ninja -C "$B" >>"$OUT/build.log" 2>&1; }; then
+	tail -40 "$OUT/build.log"
+	exit 1
+fi
+
+for s in $stages; do
+	case $s in
+	tests)
+		meson test -C "$B" --suite cuda --suite build --print-errorlogs --num-processes 1 \
+			>"$OUT/tests.log" 2>&1
+		grep -E "^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):" "$OUT/tests.log"
+		;;
+	bench)
+		{
+			echo "== region_bench (1 GiB)"
+			"$B/bench/region_bench" --size=1G --reps=10
+			echo "== trace"
+			"$B/bench/trace" --csv="$OUT/trace.csv" --summary-csv="$OUT/trace-summary.csv" --quiet
+		} >"$OUT/bench.log" 2>&1
+		tail -30 "$OUT/bench.log"
+		;;
+	examples)
+		{
+			echo "== sleep_wake"
+			"$B/examples/sleep_wake"
+			echo "== kv_server"
+			"$B/examples/kv_server" --csv="$OUT/kv.csv"
+			echo "== kv_server --compact-every=50"
+			"$B/examples/kv_server" --compact-every=50
+			echo "== shrink_on_idle"
+			"$B/examples/shrink_on_idle" --csv="$OUT/shrink.csv"
+		} >"$OUT/examples.log" 2>&1
+		grep -vE "^ +[0-9.]+ (burst|idle)" "$OUT/examples.log" | tail -60
+		;;
+	esac
+done
