@@ -264,6 +264,19 @@ int main(int argc, char **argv)
 	uint64_t direct = checksum(NULL), replay = host ? 0 : checksum(graph);
 	verify("OFFLOAD + wake", want, replay, !host, direct);
 
+	/* ----- 2b. the same again: wake kept the pinned buffer, so this cycle is copies and mappings only ----- */
+	t0 = ex_now_ms();
+	CHECK(cuvmm_pool_sleep(pool, CUVMM_SLEEP_OFFLOAD, stream));
+	double sleep2_ms = ex_now_ms() - t0;
+	t0 = ex_now_ms();
+	CHECK(cuvmm_pool_wake(pool, stream));
+	double wake2_ms = ex_now_ms() - t0;
+	printf("second OFFLOAD cycle (pinned buffer kept by the first wake): sleep %.1f ms = %.1f GB/s, "
+	       "wake %.1f ms = %.1f GB/s\n", sleep2_ms, gbps(copied, sleep2_ms), wake2_ms, gbps(copied, wake2_ms));
+	direct = checksum(NULL);
+	replay = host ? 0 : checksum(graph);
+	verify("second OFFLOAD + wake", want, replay, !host, direct);
+
 	/* ----- 3. sleep with DISCARD: nothing copied; the contents are gone, reload them after wake ----- */
 	t0 = ex_now_ms();
 	CHECK(cuvmm_pool_sleep(pool, CUVMM_SLEEP_DISCARD, stream));
@@ -281,20 +294,21 @@ int main(int argc, char **argv)
 	verify("DISCARD + wake + reload", want, replay, !host, direct);
 
 	/* ----- summary: how close sleep and wake come to plain pinned copies ----- */
-	double r_d2h = gbps(copied, sleep_ms) / gbps(model, plain_d2h_ms);
-	double r_h2d = gbps(copied, wake_ms) / gbps(model, plain_h2d_ms);
+	double r_d2h = gbps(copied, sleep2_ms) / gbps(model, plain_d2h_ms);
+	double r_h2d = gbps(copied, wake2_ms) / gbps(model, plain_h2d_ms);
 	printf("\nsummary (%s backend, %.1f MiB):\n", host ? "host" : "CUDA", model / EX_MiB);
-	printf("   D2H: sleep(OFFLOAD) %6.1f GB/s vs plain pinned copy %6.1f GB/s = %3.0f%%\n", gbps(copied, sleep_ms),
+	printf("   steady state (second cycle; the pinned buffer is reused):\n");
+	printf("   D2H: sleep(OFFLOAD) %6.1f GB/s vs plain pinned copy %6.1f GB/s = %3.0f%%\n", gbps(copied, sleep2_ms),
 	       gbps(model, plain_d2h_ms), 100 * r_d2h);
-	printf("   H2D: wake           %6.1f GB/s vs plain pinned copy %6.1f GB/s = %3.0f%%\n", gbps(copied, wake_ms),
+	printf("   H2D: wake           %6.1f GB/s vs plain pinned copy %6.1f GB/s = %3.0f%%\n", gbps(copied, wake2_ms),
 	       gbps(model, plain_h2d_ms), 100 * r_h2d);
-	/* Sleep allocates its pinned host buffer and wake frees it, so both also pay what the plain copies'
-	 * buffer cost outside the timed copies: the fair second comparison. */
-	printf("   sleep and wake also allocate and free their pinned buffer; against plain copies that do too "
-	       "(%.1f ms + %.1f ms):\n   D2H %3.0f%%, H2D %3.0f%%\n", pin_ms, unpin_ms,
-	       100 * gbps(copied, sleep_ms) / gbps(model, pin_ms + plain_d2h_ms),
-	       100 * gbps(copied, wake_ms) / gbps(model, plain_h2d_ms + unpin_ms));
-	printf("   target >= 90%% of the plain copy each way: %s\n", r_d2h >= 0.9 && r_h2d >= 0.9 ? "met" : "not met");
+	/* The first sleep also pins its buffer, which costs what the plain copies' buffer cost outside the
+	 * timed copies: the fair comparison for a first cycle includes it. */
+	printf("   first cycle (sleep pins its buffer): sleep %.1f GB/s, wake %.1f GB/s; against a plain copy that "
+	       "pins too (%.1f ms): D2H %3.0f%%\n", gbps(copied, sleep_ms), gbps(copied, wake_ms), pin_ms,
+	       100 * gbps(copied, sleep_ms) / gbps(model, pin_ms + plain_d2h_ms));
+	printf("   target >= 90%% of the plain copy each way (steady state): %s\n",
+	       r_d2h >= 0.9 && r_h2d >= 0.9 ? "met" : "not met");
 	if (host)
 		printf("   (the target is the GPU's; on the host backend sleep and wake also create and fault in memory)\n");
 

@@ -599,7 +599,9 @@ CUVMM_API int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode m
 
 /**
  * Wake a sleeping region: map the same ranges at the same addresses and, after OFFLOAD, copy the contents
- * back. Returns when the contents are in place. On failure the region stays asleep with its host copy
+ * back. Returns when the contents are in place. The pinned host buffer is kept for the next sleep
+ * (pinning GiBs takes seconds where the copy takes milliseconds); cuvmm_ctx_trim(), cuvmm_pool_trim() and
+ * destroy give it back. On failure the region stays asleep with its host copy
  * intact, so wake can be called again; it is never half awake.
  * @param[in] r the region
  * @param[in] stream work on it is ordered after the restore; NULL: the legacy default stream

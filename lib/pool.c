@@ -1062,6 +1062,8 @@ static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	else if (pthread_mutex_trylock(&p->r.lock))
 		return now + CVM_FENCE_POLL_NS;
 	next = p->r.sleep ? UINT64_MAX : reclaim_locked(p, now, force, 0);
+	if (force && !p->r.sleep)
+		cvm_region_host_drop(&p->r);
 	pthread_mutex_unlock(&p->r.lock);
 	return next;
 }
@@ -1080,8 +1082,10 @@ int cuvmm_pool_trim(struct cuvmm_pool *p, size_t keep_bytes)
 	/* Stream frees first: wait for all work, so that every fence is complete. */
 	if (cvm_dev_sync_epoch(p->r.dev) == CUVMM_OK) {
 		pthread_mutex_lock(&p->r.lock);
-		if (!p->r.sleep)
+		if (!p->r.sleep) {
 			reclaim_locked(p, cvm_now_ns(), true, keep_bytes);
+			cvm_region_host_drop(&p->r);
+		}
 		pthread_mutex_unlock(&p->r.lock);
 	}
 	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, keep_bytes);

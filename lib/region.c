@@ -371,6 +371,8 @@ static uint64_t region_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	else if (pthread_mutex_trylock(&r->lock))
 		return now + CVM_FENCE_POLL_NS;
 	next = r->npending ? cvm_region_process_locked(r, now, force) : UINT64_MAX;
+	if (force)
+		cvm_region_host_drop(r);
 	pthread_mutex_unlock(&r->lock);
 	return next;
 }
@@ -466,6 +468,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 	}
 	if (r->sleep)
 		cvm_sleep_discard(r);
+	cvm_region_host_drop(r);
 	pthread_mutex_unlock(&r->lock);
 	for (size_t i = 0; i < r->nspare; i++)
 		cvm_drv_event_destroy(d, r->dev->index, r->spare_ev[i]);

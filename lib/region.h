@@ -40,6 +40,8 @@ struct cvm_sleep; /* sleep.c */
  * granule is PENDING or DONE. */
 int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
 int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream);
+/* Give back the pinned buffer kept for the next sleep (trim, destroy). */
+void cvm_region_host_drop(struct cuvmm_region *r);
 /* Free a sleeping region's record and host copy (destroy of a sleeping object). */
 void cvm_sleep_discard(struct cuvmm_region *r);
 
@@ -62,6 +64,8 @@ struct cuvmm_region {
 	uint32_t next_fence_id;
 	size_t npending;              /* granules PENDING or DONE */
 	struct cvm_sleep *sleep;      /* non-NULL while asleep */
+	void *host_keep;              /* pinned host copy kept after wake for the next sleep */
+	size_t host_keep_bytes;
 	struct cvm_acct acct;
 	struct cvm_drv_counters cnt;
 };

@@ -8,7 +8,7 @@
  * the same classes at the same granules, copies the contents back and frees the host copy only once the
  * copy has completed; a failure unmaps what it mapped and leaves the region asleep with its host copy.
  * Copies are issued in pieces of CVM_COPY_PIECE bytes, back to back on one stream, so the copy engine
- * stays busy while the host thread keeps queueing.
+ * stays busy while the host thread keeps queueing; wake maps the next piece while the last one copies.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,9 +36,9 @@ static size_t chunk_bytes(const struct cuvmm_region *r, const struct cvm_sleep_c
 	return r->dev->info.granularity << c->cls;
 }
 
-/* Copy between the chunks and the host buffer, coalescing adjacent chunks into spans and cutting spans
+/* Copy the chunks to the host buffer, coalescing adjacent chunks into spans and cutting spans
  * into pieces. Stops at the first failure. */
-static int copy_all(struct cuvmm_region *r, struct cvm_sleep *s, bool to_host, CUstream stream)
+static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, CUstream stream)
 {
 	struct cvm_drv *d = CVM_DRV(r->dev);
 	size_t off = 0;
@@ -55,11 +55,14 @@ static int copy_all(struct cuvmm_region *r, struct cvm_sleep *s, bool to_host, C
 			size_t n = bytes - done < CVM_COPY_PIECE ? bytes - done : CVM_COPY_PIECE;
 			uintptr_t dev = r->base + (g << r->gshift) + done;
 			char *host = (char *)s->host + off + done;
-			int err = to_host ? cvm_drv_copy_dtoh(d, r->dev->index, host, dev, n, stream)
-					  : cvm_drv_copy_htod(d, r->dev->index, dev, host, n, stream);
+			int err = cvm_drv_copy_dtoh(d, r->dev->index, host, dev, n, stream);
 
-			if (err)
+			if (err) {
+				/* Pieces already queued still read or write both sides: let them finish before the
+				 * caller unmaps device memory or frees the host copy. */
+				cvm_drv_stream_sync(d, r->dev->index, stream);
 				return err;
+			}
 			done += n;
 		}
 		off += bytes;
@@ -118,10 +121,19 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 			goto fail;
 	}
 	if (mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes) {
-		err = cvm_drv_host_alloc(d, s->host_bytes, &s->host);
-		if (err)
-			goto fail;
-		err = copy_all(r, s, true, stream);
+		/* Pinning is the slow part (seconds for GiBs, where the copy takes milliseconds): reuse the
+		 * pinned buffer an earlier wake kept, if it is large enough. */
+		if (r->host_keep && r->host_keep_bytes >= s->host_bytes) {
+			s->host = r->host_keep;
+			r->host_keep = NULL;
+			r->host_keep_bytes = 0;
+		} else {
+			cvm_region_host_drop(r);
+			err = cvm_drv_host_alloc(d, s->host_bytes, &s->host);
+			if (err)
+				goto fail;
+		}
+		err = copy_out(r, s, stream);
 		if (err)
 			goto fail;
 	} else if (stream) {
@@ -152,16 +164,23 @@ fail:
 	return err;
 }
 
+/*
+ * Wake, pipelined: chunks are mapped in pieces of up to CVM_COPY_PIECE bytes, and each piece's copy is
+ * queued as soon as it is mapped, so the driver calls for the next piece overlap the DMA of this one.
+ */
 int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 {
 	struct cvm_sleep *s = r->sleep;
-	size_t i;
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	bool copy = s && s->mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes;
+	size_t i, off = 0, piece = 0, piece_first = 0;
 	int err = CUVMM_OK;
 
 	if (!s)
 		return CUVMM_ESTATE;
 	for (i = 0; i < s->nchunks; i++) {
 		struct cvm_chunk *c;
+		bool last, adjacent;
 
 		err = cvm_phys_get(&r->dev->phys, s->chunks[i].cls, &r->cnt, &c);
 		if (err)
@@ -174,19 +193,40 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 				cvm_phys_put(&r->dev->phys, c);
 			goto undo;
 		}
+		if (!copy)
+			continue;
+		piece += chunk_bytes(r, &s->chunks[i]);
+		last = i + 1 == s->nchunks;
+		adjacent = !last && s->chunks[i + 1].g == s->chunks[i].g + cvm_span(r, c);
+		if (last || !adjacent || piece >= CVM_COPY_PIECE) {
+			err = cvm_drv_copy_htod(d, r->dev->index, r->base + (s->chunks[piece_first].g << r->gshift),
+						(char *)s->host + off, piece, stream);
+			if (err) {
+				i++; /* chunk i is mapped too */
+				goto undo;
+			}
+			off += piece;
+			piece = 0;
+			piece_first = i + 1;
+		}
 	}
-	if (s->mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes) {
-		err = copy_all(r, s, false, stream);
+	if (copy) {
+		err = cvm_drv_stream_sync(d, r->dev->index, stream);
 		if (err)
-			goto undo;
-		cvm_drv_host_free(CVM_DRV(r->dev), s->host);
+			goto undo; /* i == nchunks: all of them */
+		/* Kept, pinned, for the next sleep; trim and destroy give it back. */
+		r->host_keep = s->host;
+		r->host_keep_bytes = s->host_bytes;
 	}
 	free(s->chunks);
 	free(s);
 	r->sleep = NULL;
 	return CUVMM_OK;
 undo:
-	/* Nothing was written that matters: unmap what this call mapped; the host copy stays. */
+	/* Copies already queued write into what is about to be unmapped: let them finish first. Nothing
+	 * written matters: unmap what this call mapped; the host copy stays. */
+	if (copy)
+		cvm_drv_stream_sync(d, r->dev->index, stream);
 	while (i-- > 0) {
 		struct cvm_chunk *c;
 
@@ -200,6 +240,14 @@ undo:
 			cvm_phys_put(&r->dev->phys, c);
 	}
 	return err;
+}
+
+void cvm_region_host_drop(struct cuvmm_region *r)
+{
+	if (r->host_keep)
+		cvm_drv_host_free(CVM_DRV(r->dev), r->host_keep);
+	r->host_keep = NULL;
+	r->host_keep_bytes = 0;
 }
 
 void cvm_sleep_discard(struct cuvmm_region *r)
