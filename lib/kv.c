@@ -147,8 +147,9 @@ static void unmap_page(struct cuvmm_kv *kv, uint32_t p)
 	kv->mapped_pages--;
 }
 
-/* Map page p in every tensor; all or nothing. */
-static int map_page(struct cuvmm_kv *kv, uint32_t p)
+/* Map page p in every tensor; all or nothing. Touches only the tensors' regions (their locks), so the
+ * background pass can call it without the kv lock. */
+static int map_page_tensors(struct cuvmm_kv *kv, uint32_t p)
 {
 	uint32_t t;
 	int err = CUVMM_OK;
@@ -162,13 +163,20 @@ static int map_page(struct cuvmm_kv *kv, uint32_t p)
 		if (err)
 			break;
 	}
-	if (err) {
+	if (err)
 		unmap_page_undo(kv, p, t);
-		return err;
+	return err;
+}
+
+static int map_page(struct cuvmm_kv *kv, uint32_t p)
+{
+	int err = map_page_tensors(kv, p);
+
+	if (!err) {
+		kv->pg[p].mapped = true;
+		kv->mapped_pages++;
 	}
-	kv->pg[p].mapped = true;
-	kv->mapped_pages++;
-	return CUVMM_OK;
+	return err;
 }
 
 /* A page to back next: the lowest page that is unmapped and has room (never used pages come from
@@ -176,7 +184,7 @@ static int map_page(struct cuvmm_kv *kv, uint32_t p)
 static uint32_t unmapped_page(struct cuvmm_kv *kv)
 {
 	for (uint32_t p = 0; p < kv->npages; p++)
-		if (!kv->pg[p].mapped && kv->pg[p].used < kv->pg[p].cap)
+		if (!kv->pg[p].mapped && !kv->pg[p].mapping && kv->pg[p].used < kv->pg[p].cap)
 			return p;
 	return NONE;
 }
@@ -252,14 +260,23 @@ static void put_block(struct cuvmm_kv *kv, uint32_t b, struct cvm_kv_fence *f, u
 	}
 }
 
+/* A free home block of page p that touches no page the background pass is mapping, or NONE. */
 static uint32_t free_home_block(struct cuvmm_kv *kv, uint32_t p)
 {
-	uint32_t lo, hi;
+	uint32_t lo, hi, first, last;
 
 	page_blocks(kv, p, &lo, &hi);
-	for (uint32_t b = lo; b < hi; b++)
-		if (!busy(kv, b))
+	for (uint32_t b = lo; b < hi; b++) {
+		bool ok = !busy(kv, b);
+
+		if (ok && kv->mapping_ahead) {
+			block_pages(kv, b, &first, &last);
+			for (uint32_t q = first; ok && q <= last; q++)
+				ok = !kv->pg[q].mapping;
+		}
+		if (ok)
 			return b;
+	}
 	return NONE;
 }
 
@@ -388,7 +405,7 @@ void *cuvmm_kv_tensor(const struct cuvmm_kv *kv, uint32_t tensor)
 
 int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 {
-	uint32_t *fresh, *got_ids, nfresh = 0, got = 0, ppb;
+	uint32_t *fresh, *got_ids, nfresh = 0, got = 0, ppb, nset = 0, aside;
 	uint64_t t0;
 	int err = CUVMM_OK;
 
@@ -402,15 +419,24 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 	/* Each block maps at most the pages it touches, plus the page chosen for it: room to record them for
 	 * undo; the ids go to the caller's array only on success. */
 	ppb = (uint32_t)((kv->block_bytes + kv->t[0].gran - 1) >> page_shift(kv)) + 2;
-	fresh = malloc(((size_t)n * (ppb + 1) + 1) * sizeof(*fresh));
+	/* [0, n*ppb+1): pages this call mapped; then the ids; then pages set aside (at most all of them). */
+	fresh = malloc(((size_t)n * (ppb + 1) + 1 + kv->npages) * sizeof(*fresh));
 	if (!fresh) {
 		pthread_mutex_unlock(&kv->lock);
 		return CUVMM_ENOMEM;
 	}
 	got_ids = fresh + (size_t)n * ppb + 1;
+	aside = (uint32_t)((size_t)n * (ppb + 1) + 1);
 	t0 = cvm_now_ns();
 	while (got < n) {
 		uint32_t p = fullest(kv), b;
+
+		/* A page whose free blocks all reach into a page being mapped ahead: set aside for this call. */
+		while (p != NONE && free_home_block(kv, p) == NONE) {
+			bucket_remove(kv, p);
+			fresh[nset++ + aside] = p;
+			p = fullest(kv);
+		}
 
 		if (p == NONE) {
 			uint64_t m0 = cvm_now_ns();
@@ -458,6 +484,8 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		kv->last_alloc_ns = t0;
 		cvm_acct_live(&kv->acct, (int64_t)((size_t)n * kv->block_bytes * kv->tensors));
 	}
+	for (uint32_t i = 0; i < nset; i++)
+		bucket_insert(kv, fresh[aside + i]);
 	free(fresh);
 	/* Running low on room in mapped pages: let the background pass map ahead. */
 	if (!err && kv->empty_pages < kv->ahead && (kv->top == 0 || fullest(kv) == NONE))
@@ -551,11 +579,28 @@ static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	else if (pthread_mutex_trylock(&kv->lock))
 		return now + CVM_FENCE_POLL_NS;
 	active = !force && kv->last_alloc_ns && cvm_elapsed(now, kv->last_alloc_ns) < (delay == UINT64_MAX ? 0 : delay);
-	while (active && kv->empty_pages < kv->ahead) {
+	while (active && kv->empty_pages + kv->mapping_ahead < kv->ahead) {
 		uint32_t p = unmapped_page(kv);
+		int err;
 
-		if (p == NONE || map_page(kv, p))
+		if (p == NONE)
 			break;
+		/* Map without the kv lock (one map per tensor takes milliseconds): allocations go on meanwhile,
+		 * and skip this page. A block straddling into it from a mapped page may map it first; then
+		 * the pass finds it mapped and backs off. */
+		kv->pg[p].mapping = true;
+		kv->mapping_ahead++;
+		pthread_mutex_unlock(&kv->lock);
+		err = map_page_tensors(kv, p);
+		pthread_mutex_lock(&kv->lock);
+		kv->pg[p].mapping = false;
+		kv->mapping_ahead--;
+		if (err)
+			break;
+		if (kv->pg[p].mapped)
+			continue; /* not reached: nothing maps a page that is being mapped ahead */
+		kv->pg[p].mapped = true;
+		kv->mapped_pages++;
 		kv->pg[p].empty_ns = now;
 		kv->pg[p].epoch = 0;
 		kv->empty_pages++;

@@ -29,6 +29,7 @@ struct cvm_kv_page {
 	struct cvm_kv_fence *fence;
 	uint32_t bnext, bprev;  /* occupancy bucket list (page indices; UINT32_MAX: none) */
 	bool in_bucket;
+	bool mapping;           /* being mapped ahead by the background pass, without the kv lock */
 };
 
 struct cuvmm_kv {
@@ -48,6 +49,7 @@ struct cuvmm_kv {
 	uint32_t mapped_pages, empty_pages;
 	uint64_t last_alloc_ns;
 	uint32_t ahead;           /* empty pages to keep mapped ahead of demand while active */
+	uint32_t mapping_ahead;   /* pages the background pass is mapping right now */
 	uint64_t backing_ns, backings; /* cost of backing new page ids on the allocating thread */
 	struct cvm_acct acct;     /* live: allocated blocks x block_bytes x tensors */
 };

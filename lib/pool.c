@@ -2,6 +2,7 @@
  * Pools: malloc/free over reserved address space that gives memory back when idle. See pool.h for the
  * layout. Everything here runs under the pool's lock (p->r.lock) unless a function says otherwise.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -423,22 +424,36 @@ static unsigned fresh_cls(size_t k)
 
 /* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
  * returns the new run (edges set, in no index). */
+/* Address space left free in front of a fresh run of k granules, so that the run before it can later grow
+ * into it (see extend_fit): about k/8, at least 1 and at most 64 granules. */
+static size_t growth_gap(size_t k)
+{
+	size_t g = k / 8;
+
+	return g < 1 ? 1 : g > 64 ? 64 : g;
+}
+
 static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 {
 	unsigned cls = fresh_cls(k);
-	size_t align = (size_t)1 << cls, take, lead;
-	struct cvm_run *va = best_fit(p, &p->va, k + align - 1, NULL, false, &take), *run, *front;
+	size_t align = (size_t)1 << cls, take, lead, gap = growth_gap(k);
+	struct cvm_run *va = best_fit(p, &p->va, gap + k + align - 1, NULL, false, &take), *run, *front;
 	int err;
 
 	if (!va) {
 		cls = 0;
 		align = 1;
+		gap = 0;
 		va = best_fit(p, &p->va, k, NULL, false, &take);
 		if (!va)
 			return CUVMM_ENOSPC;
 	}
 	bin_remove(p, va);
-	lead = ((va->start + align - 1) & ~(align - 1)) - va->start;
+	/* A gap in front, for the mapped run before it to grow into (none at the very start of the range),
+	 * then alignment for the run's large chunks; both stay VA. */
+	if (!va->start)
+		gap = 0;
+	lead = ((va->start + gap + align - 1) & ~(align - 1)) - va->start;
 	if (lead) {
 		/* The unaligned head stays VA. */
 		front = split_front(p, va, lead);
@@ -487,27 +502,95 @@ static void drop_slack(struct cuvmm_pool *p)
 }
 
 /* Unmap the oldest FREE runs that are safe to unmap (no device sync here) while the slack exceeds its
- * cap; their chunks go to the device's cache, where map_fresh finds them. Unsafe ones are left to the
- * reclaim pass, which is woken to synchronise. */
+ * cap; their chunks go to the device's cache, where map_fresh finds them. */
 static void steal_slack(struct cuvmm_pool *p)
 {
 	size_t cap = slack_cap(p);
 	struct cvm_run *run, *next;
-	bool unsafe = false;
 
 	for (run = p->age.lnext; run != &p->age && p->free_bytes > cap; run = next) {
 		next = run->lnext;
 		if (cvm_dev_epoch_safe(p->r.dev, run->epoch))
 			free_to_va(p, run);
-		else
-			unsafe = true;
 	}
 	if (p->r.npending)
 		cvm_region_process_locked(&p->r, cvm_now_ns(), false);
-	if (unsafe) {
-		atomic_store_explicit(&p->want_sync, true, memory_order_relaxed);
-		cvm_ctx_kick(p->r.ctx, cvm_now_ns());
+}
+
+/*
+ * Extend fit: a FREE run of m < k granules with free address space right after it (or right before) can
+ * serve k by mapping only the k - m granules it lacks, instead of the whole allocation being mapped
+ * elsewhere. This is the torch.cat pattern's case: the next buffer of a request is one granule larger
+ * than a buffer just freed. Looks at runs of k-1 down to k - max(1, k/8) granules, largest first.
+ */
+static int extend_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
+{
+	size_t lack_max = k / 8 > 1 ? k / 8 : 1;
+
+	for (size_t m = k - 1; m >= 1 && k - m <= lack_max; m--) {
+		int scanned = 0;
+
+		for (struct cvm_run *run = p->free.head[bin_of(m)]; run && scanned < 16; run = run->bnext, scanned++) {
+			size_t lack = k - run->len, end = run->start + run->len;
+			struct cvm_run *right = end < p->r.npages ? p->edge[end] : NULL;
+			struct cvm_run *left = run->start ? p->edge[run->start - 1] : NULL;
+			struct cvm_run *va, *piece;
+			bool after;
+			int err;
+
+			if (run->len != m || !free_usable(p, run, stream))
+				continue;
+			if (right && right->kind == CVM_RUN_VA && right->len >= lack)
+				va = right, after = true;
+			else if (left && left->kind == CVM_RUN_VA && left->len >= lack)
+				va = left, after = false;
+			else
+				continue;
+			/* Take the lacking granules out of the VA run, next to the FREE run, and map them. */
+			bin_remove(p, va);
+			if (after) {
+				piece = split_front(p, va, lack);
+			} else {
+				piece = va->len == lack ? va : split_front(p, va, va->len - lack);
+				if (piece && piece != va) {
+					/* split_front returned the part away from the run: swap roles */
+					struct cvm_run *t = piece;
+
+					piece = va;
+					va = t;
+				}
+			}
+			if (!piece) {
+				bin_insert(p, va);
+				return CUVMM_ENOMEM;
+			}
+			if (piece != va)
+				bin_insert(p, va);
+			err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(lack));
+			if (err) {
+				bin_insert(p, piece);
+				coalesce(p, piece);
+				return err;
+			}
+			/* One run of k granules: the FREE run and the piece. */
+			free_unlink(p, run);
+			edges_clear(p, run);
+			edges_clear(p, piece);
+			if (!after)
+				run->start = piece->start;
+			run->len = k;
+			edges_set(p, run);
+			free(piece);
+			cvm_region_event_put_locked(&p->r, run->ev);
+			run->ev = NULL;
+			run->stream = NULL;
+			*out = run;
+			return CUVMM_OK;
+		}
+		if (m == 1)
+			break;
 	}
+	return CUVMM_ENOSPC; /* nothing to extend */
 }
 
 /* A run of k granules for a large allocation or a slab, from FREE memory if possible. */
@@ -534,9 +617,13 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_r
 		*out = front;
 		return CUVMM_OK;
 	}
-	/* Slack beyond its cap moves to where it is needed instead of new memory being created: an unmap
-	 * and a map cost about what a create and a map do, and held stays where it was. */
-	if (p->free_bytes > slack_cap(p))
+	if (k > 1 && extend_fit(p, k, stream, out) == CUVMM_OK)
+		return CUVMM_OK;
+	/* Slack beyond its cap is unmapped by the reclaim pass, without the pool's lock, while the allocating
+	 * thread only creates (few, large handles). When the pass falls far behind (twice the cap and 64 MiB
+	 * more), the allocating thread moves slack itself: an unmap and a map cost about what a create and a
+	 * map do, and held stays where it was. */
+	if (p->free_bytes > 2 * slack_cap(p) + ((size_t)64 << 20))
 		steal_slack(p);
 	err = map_fresh(p, k, out);
 	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
@@ -987,12 +1074,85 @@ int cuvmm_free_async(struct cuvmm_pool *p, void *ptr, CUstream stream)
  * cap. Runs fenced by the device epoch need a device synchronisation first, done without the lock.
  * Returns when the next run expires.
  */
+/*
+ * Unmap the chunks of detached (GOING) runs with the pool's lock dropped: allocations go on meanwhile, and
+ * nothing else touches these granules. Called with the lock held; returns with it held. The chunks keep
+ * their idle time into the device's cache; a chunk the driver refused stays mapped, DONE, for the region's
+ * retry. The runs become VA.
+ */
+static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
+{
+	struct cuvmm_region *r = &p->r;
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_run *run;
+	size_t n = 0, i;
+	struct { size_t g; struct cvm_chunk *c; uint64_t since; int err; } *v;
+
+	for (run = going; run; run = run->lnext)
+		for (size_t g = run->start; g < run->start + run->len; g += cvm_span(r, r->slot[g].chunk))
+			n++;
+	v = malloc((n ? n : 1) * sizeof(*v));
+	if (!v) {
+		/* No memory for the list: unmap them the slow way, under the lock. */
+		for (run = going; run; run = going) {
+			going = run->lnext;
+			run->kind = CVM_RUN_FREE;
+			p->going--;
+			free_link(p, run);
+			free_to_va(p, run);
+		}
+		return;
+	}
+	i = 0;
+	for (run = going; run; run = run->lnext)
+		for (size_t g = run->start; g < run->start + run->len; g += cvm_span(r, r->slot[g].chunk)) {
+			v[i].g = g;
+			v[i].c = r->slot[g].chunk;
+			v[i].since = run->freed_ns;
+			i++;
+		}
+	pthread_mutex_unlock(&r->lock);
+	for (i = 0; i < n; i++)
+		v[i].err = cvm_drv_unmap(d, &r->cnt, r->dev->index, r->base + (v[i].g << r->gshift), v[i].c->size);
+	pthread_mutex_lock(&r->lock);
+	for (i = 0; i < n; i++) {
+		size_t span = cvm_span(r, v[i].c);
+
+		cvm_acct_live(&r->acct, -(int64_t)(span << r->gshift));
+		if (v[i].err) {
+			for (size_t j = 0; j < span; j++)
+				r->slot[v[i].g + j].state = CVM_SLOT_DONE;
+			r->npending += span;
+			continue;
+		}
+		for (size_t j = 0; j < span; j++) {
+			r->slot[v[i].g + j].chunk = NULL;
+			r->slot[v[i].g + j].state = CVM_SLOT_UNMAPPED;
+		}
+		cvm_acct_mapped(&r->acct, -(int64_t)v[i].c->size);
+		cvm_acct_held_local(&r->acct, -(int64_t)v[i].c->size);
+		v[i].c->freed_ns = v[i].since;
+		cvm_phys_put(&r->dev->phys, v[i].c);
+	}
+	free(v);
+	for (run = going; run; run = going) {
+		going = run->lnext;
+		run->lnext = run->lprev = NULL;
+		run->kind = CVM_RUN_VA;
+		run->epoch = 0;
+		p->going--;
+		bin_insert(p, run);
+		coalesce(p, run);
+	}
+}
+
 static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, size_t keep)
 {
 	struct cuvmm_ctx *ctx = p->r.ctx;
 	struct cvm_run *run, *next;
 	uint64_t deadline = UINT64_MAX;
 	bool want_sync = false, synced = false;
+	struct cvm_run *going = NULL;
 	size_t cap;
 
 	if (cvm_elapsed(now, p->win_start) > (ctx->delay_ns < 100000000u ? 100000000u : ctx->delay_ns)) {
@@ -1020,7 +1180,17 @@ again:
 			want_sync = true;
 			continue;
 		}
-		free_to_va(p, run);
+		if (force) {
+			free_to_va(p, run);
+		} else {
+			/* Detach it: out of every index, GOING, so nothing allocates or merges it while the
+			 * chunks are unmapped below without the lock. */
+			free_unlink(p, run);
+			run->kind = CVM_RUN_GOING;
+			run->lnext = going;
+			going = run;
+			p->going++;
+		}
 	}
 	if (want_sync && !synced) {
 		int err;
@@ -1034,6 +1204,8 @@ again:
 		cvm_err("pool \"%s\": synchronising the device to release memory failed: %s", p->name,
 			cuvmm_strerror(err));
 	}
+	if (going)
+		unmap_going(p, going);
 	if (p->ndq || p->pend.lnext != &p->pend)
 		deadline = deadline < now + CVM_FENCE_POLL_NS ? deadline : now + CVM_FENCE_POLL_NS;
 	if (p->r.npending) {
@@ -1042,9 +1214,6 @@ again:
 		if (t < deadline)
 			deadline = t;
 	}
-	if (!force && p->free_bytes + cvm_phys_cached(&p->r.dev->phys) > cap)
-		cvm_phys_reclaim(&p->r.dev->phys, now, true,
-				 cap > p->free_bytes ? cap - p->free_bytes : ctx->cfg.retain_bytes);
 	return deadline;
 }
 
@@ -1052,6 +1221,7 @@ static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 {
 	struct cuvmm_pool *p = (struct cuvmm_pool *)c;
 	uint64_t next;
+	size_t cap, free_bytes;
 
 	/* The synchronisation that makes slack safe to unmap needs no lock: do it first, so that even when
 	 * the pool is too busy for the pass below, its allocations can reuse the slack's chunks. */
@@ -1064,7 +1234,14 @@ static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	next = p->r.sleep ? UINT64_MAX : reclaim_locked(p, now, force, 0);
 	if (force && !p->r.sleep)
 		cvm_region_host_drop(&p->r);
+	cap = slack_cap(p);
+	free_bytes = p->free_bytes;
 	pthread_mutex_unlock(&p->r.lock);
+	/* Unmapped slack went to the device's cache, which counts as slack too: release it beyond the cap,
+	 * without the pool's lock. */
+	if (!force && free_bytes + cvm_phys_cached(&p->r.dev->phys) > cap)
+		cvm_phys_reclaim(&p->r.dev->phys, now, true,
+				 cap > free_bytes ? cap - free_bytes : p->r.ctx->cfg.retain_bytes);
 	return next;
 }
 
@@ -1122,6 +1299,12 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 	err = cvm_dev_sync_epoch(p->r.dev);
 	if (err)
 		goto out;
+	while (p->going) {
+		/* The reclaim pass is unmapping free memory without the lock: let it finish. */
+		pthread_mutex_unlock(&p->r.lock);
+		sched_yield();
+		pthread_mutex_lock(&p->r.lock);
+	}
 	dq_drain(p, INT32_MAX);
 	settle_pending(p, INT32_MAX);
 	for (run = p->age.lnext; run != &p->age; run = next) {

@@ -5,7 +5,8 @@
  *   VA    free address space, not mapped;
  *   FREE  free and mapped: physical memory kept for reuse (the pool's slack);
  *   USED  one large allocation (granule-aligned, ceil(bytes / granularity) granules);
- *   SLAB  one granule cut into equal slots for small allocations of one size class.
+ *   SLAB  one granule cut into equal slots for small allocations of one size class;
+ *   GOING FREE memory the reclaim pass is unmapping right now, without the pool's lock.
  * Runs carry boundary tags (edge[] at their first and last granule) so that neighbours coalesce in O(1);
  * VA and FREE runs sit in size bins for best fit. Allocation takes FREE memory first (no driver call),
  * and maps VA only when no FREE run fits. FREE memory goes back to VA (unmapped) when it has been free for
@@ -20,7 +21,7 @@
 
 #include "region.h"
 
-enum cvm_run_kind { CVM_RUN_VA = 0, CVM_RUN_FREE, CVM_RUN_USED, CVM_RUN_SLAB };
+enum cvm_run_kind { CVM_RUN_VA = 0, CVM_RUN_FREE, CVM_RUN_USED, CVM_RUN_SLAB, CVM_RUN_GOING };
 
 struct cvm_slab;
 
@@ -68,6 +69,7 @@ struct cuvmm_pool {
 	uint64_t win_start;
 	struct cvm_acct pacct;         /* live bytes of the pool, feeding the device's */
 	_Atomic bool want_sync;        /* slack over its cap waits for a device sync (set by frees) */
+	unsigned going;                /* GOING runs: the reclaim pass is unmapping them without the lock */
 };
 
 #endif /* CVM_POOL_H */
