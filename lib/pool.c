@@ -372,17 +372,25 @@ static void run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stre
 }
 
 /*
- * The slack (FREE runs, plus the device's cached chunks) allowed before the reclaim pass gives memory back
- * early: enough to refill the footprint up to its recent peak plus 1/32 of it, and at least 8 granules.
- * Slack within that never raises held more than 1/32 above what the pool recently needed anyway; beyond
- * it, memory waits for no delay.
+ * The slack (FREE runs, plus the device's cached chunks) allowed before memory is given back early: enough
+ * to refill the footprint (plus `extra` bytes about to be mapped) up to its recent peak plus 1/32 of it,
+ * and at least 8 granules. Slack within that never raises held more than 1/32 above what the pool recently
+ * needed anyway; beyond it, memory waits for no delay.
  */
+static size_t slack_cap_after(struct cuvmm_pool *p, size_t extra)
+{
+	size_t peak = p->win_peak > p->prev_peak ? p->win_peak : p->prev_peak, fp = p->fp + extra, floor = gbytes(p, 8);
+	size_t cap;
+
+	if (fp > peak)
+		peak = fp;
+	cap = peak + (peak >> 5) - fp;
+	return cap > floor ? cap : floor;
+}
+
 static size_t slack_cap(struct cuvmm_pool *p)
 {
-	size_t peak = p->win_peak > p->prev_peak ? p->win_peak : p->prev_peak;
-	size_t cap = peak + (peak >> 5) > p->fp ? peak + (peak >> 5) - p->fp : 0, floor = gbytes(p, 8);
-
-	return cap > floor ? cap : floor;
+	return slack_cap_after(p, 0);
 }
 
 static void live_add(struct cuvmm_pool *p, int64_t delta)
@@ -404,19 +412,20 @@ static void fp_add(struct cuvmm_pool *p, size_t granules, bool add)
 }
 
 /*
- * Chunk class for a fresh allocation of k granules: handles of at most k/16 granules (and 128 MiB), so that
- * the driver's per-handle cost shrinks with size while a later cut of this memory for an allocation of
- * similar size always lands within the k/16 that cut_len() allows. Measured on the trace: handles as large
- * as the allocation made FREE runs unusable for the next, slightly larger, allocation of the torch.cat
- * pattern, and most mallocs mapped fresh memory.
+ * Chunk class for a fresh allocation of k granules. Measured on the KV trace (doc/performance.md): larger
+ * handles cost fewer driver calls, but their alignment leaves holes in the address space that keep free
+ * runs from coalescing, and FREE runs of large chunks can be cut only near chunk boundaries; both raised
+ * held/live. So 2 MiB handles below 256 granules (512 MiB); above, handles of k/16 granules (up to
+ * 128 MiB), where an allocation is large enough for the driver's per-handle cost to dominate.
  */
 #define CVM_POOL_MAX_CLS 6
+#define CVM_POOL_BIG 256
 
 static unsigned fresh_cls(size_t k)
 {
 	unsigned cls;
 
-	if (k < 32)
+	if (k < CVM_POOL_BIG)
 		return 0;
 	cls = 63 - (unsigned)__builtin_clzll(k / 16);
 	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
@@ -424,36 +433,23 @@ static unsigned fresh_cls(size_t k)
 
 /* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
  * returns the new run (edges set, in no index). */
-/* Address space left free in front of a fresh run of k granules, so that the run before it can later grow
- * into it (see extend_fit): about k/8, at least 1 and at most 64 granules. */
-static size_t growth_gap(size_t k)
-{
-	size_t g = k / 8;
-
-	return g < 1 ? 1 : g > 64 ? 64 : g;
-}
-
 static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 {
 	unsigned cls = fresh_cls(k);
-	size_t align = (size_t)1 << cls, take, lead, gap = growth_gap(k);
-	struct cvm_run *va = best_fit(p, &p->va, gap + k + align - 1, NULL, false, &take), *run, *front;
+	size_t align = (size_t)1 << cls, take, lead;
+	struct cvm_run *va = best_fit(p, &p->va, k + align - 1, NULL, false, &take), *run, *front;
 	int err;
 
 	if (!va) {
 		cls = 0;
 		align = 1;
-		gap = 0;
 		va = best_fit(p, &p->va, k, NULL, false, &take);
 		if (!va)
 			return CUVMM_ENOSPC;
 	}
 	bin_remove(p, va);
-	/* A gap in front, for the mapped run before it to grow into (none at the very start of the range),
-	 * then alignment for the run's large chunks; both stay VA. */
-	if (!va->start)
-		gap = 0;
-	lead = ((va->start + gap + align - 1) & ~(align - 1)) - va->start;
+	/* Alignment for the run's large chunks stays VA. */
+	lead = ((va->start + align - 1) & ~(align - 1)) - va->start;
 	if (lead) {
 		/* The unaligned head stays VA. */
 		front = split_front(p, va, lead);
@@ -503,18 +499,21 @@ static void drop_slack(struct cuvmm_pool *p)
 
 /* Unmap the oldest FREE runs that are safe to unmap (no device sync here) while the slack exceeds its
  * cap; their chunks go to the device's cache, where map_fresh finds them. */
-static void steal_slack(struct cuvmm_pool *p)
+static bool steal_slack(struct cuvmm_pool *p, size_t cap)
 {
-	size_t cap = slack_cap(p);
 	struct cvm_run *run, *next;
+	bool unsafe = false;
 
 	for (run = p->age.lnext; run != &p->age && p->free_bytes > cap; run = next) {
 		next = run->lnext;
 		if (cvm_dev_epoch_safe(p->r.dev, run->epoch))
 			free_to_va(p, run);
+		else
+			unsafe = true;
 	}
 	if (p->r.npending)
 		cvm_region_process_locked(&p->r, cvm_now_ns(), false);
+	return unsafe;
 }
 
 /*
@@ -596,7 +595,7 @@ static int extend_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct cv
 /* A run of k granules for a large allocation or a slab, from FREE memory if possible. */
 static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
 {
-	size_t take;
+	size_t take, cap;
 	struct cvm_run *run = best_fit(p, &p->free, k, stream, true, &take), *front;
 	int err;
 
@@ -620,11 +619,18 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_r
 	if (k > 1 && extend_fit(p, k, stream, out) == CUVMM_OK)
 		return CUVMM_OK;
 	/* Slack beyond its cap is unmapped by the reclaim pass, without the pool's lock, while the allocating
-	 * thread only creates (few, large handles). When the pass falls far behind (twice the cap and 64 MiB
-	 * more), the allocating thread moves slack itself: an unmap and a map cost about what a create and a
+	 * thread only creates. When the pass falls behind (the cap and 64 MiB more), the allocating thread
+	 * moves slack itself: an unmap and a map cost about what a create and a
 	 * map do, and held stays where it was. */
-	if (p->free_bytes > 2 * slack_cap(p) + ((size_t)64 << 20))
-		steal_slack(p);
+	cap = slack_cap_after(p, gbytes(p, k));
+	if (p->free_bytes > cap && steal_slack(p, cap) && p->free_bytes > cap + ((size_t)64 << 20)) {
+		/* What is left waits only for a device synchronisation (memory freed without a stream): do it
+		 * here, as cudaFree always does, rather than let held grow by more than 64 MiB past the cap. */
+		pthread_mutex_unlock(&p->r.lock);
+		cvm_dev_sync_epoch(p->r.dev);
+		pthread_mutex_lock(&p->r.lock);
+		steal_slack(p, slack_cap_after(p, gbytes(p, k)));
+	}
 	err = map_fresh(p, k, out);
 	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
 		drop_slack(p);
@@ -655,7 +661,7 @@ static void partial_remove(struct cuvmm_pool *p, struct cvm_slab *s)
 	s->next = s->prev = NULL;
 }
 
-static int slab_new(struct cuvmm_pool *p, unsigned cls, CUstream stream, struct cvm_slab **out)
+static int slab_new(struct cuvmm_pool *p, unsigned cls, struct cvm_slab **out)
 {
 	size_t size = class_size(cls), nslots = p->r.gran / size, words = (nslots + 63) / 64;
 	struct cvm_slab *s = calloc(1, sizeof(*s) + 2 * words * sizeof(uint64_t));
@@ -664,7 +670,8 @@ static int slab_new(struct cuvmm_pool *p, unsigned cls, CUstream stream, struct 
 
 	if (!s)
 		return CUVMM_ENOMEM;
-	err = get_run(p, 1, stream, &run);
+	/* A slab serves every stream: its granule must not be pending on any (hence no stream here). */
+	err = get_run(p, 1, NULL, &run);
 	if (err) {
 		free(s);
 		return err;
@@ -796,7 +803,7 @@ static int small_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 	}
 	s = p->partial[cls];
 	if (!s) {
-		err = slab_new(p, cls, stream, &s);
+		err = slab_new(p, cls, &s);
 		if (err)
 			return err;
 	}
@@ -1146,6 +1153,18 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 	}
 }
 
+#define CVM_GOING_BATCH 16 /* granules unmapped per reclaim pass without the lock (32 MiB on the H200) */
+
+/* Wait (lock held, dropped meanwhile) until no reclaim pass is unmapping GOING runs of this pool. */
+static void wait_going(struct cuvmm_pool *p)
+{
+	while (p->going) {
+		pthread_mutex_unlock(&p->r.lock);
+		sched_yield();
+		pthread_mutex_lock(&p->r.lock);
+	}
+}
+
 static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, size_t keep)
 {
 	struct cuvmm_ctx *ctx = p->r.ctx;
@@ -1153,13 +1172,17 @@ static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, s
 	uint64_t deadline = UINT64_MAX;
 	bool want_sync = false, synced = false;
 	struct cvm_run *going = NULL;
-	size_t cap;
+	size_t cap, batch = 0;
 
 	if (cvm_elapsed(now, p->win_start) > (ctx->delay_ns < 100000000u ? 100000000u : ctx->delay_ns)) {
 		p->prev_peak = p->win_peak;
 		p->win_peak = p->fp;
 		p->win_start = now;
 	}
+	/* A trim must see what another pass is giving back, or that pass's chunks land in the cache after
+	 * the trim emptied it. */
+	if (force)
+		wait_going(p);
 again:
 	if (p->ndq)
 		dq_drain(p, INT32_MAX);
@@ -1184,7 +1207,14 @@ again:
 			free_to_va(p, run);
 		} else {
 			/* Detach it: out of every index, GOING, so nothing allocates or merges it while the
-			 * chunks are unmapped below without the lock. */
+			 * chunks are unmapped below without the lock. In batches: while a batch is unmapped, an
+			 * allocation cannot reuse its chunks and creates new ones, so held briefly counts both;
+			 * a small batch keeps that overlap small, and the pass comes straight back for more. */
+			if (batch >= CVM_GOING_BATCH) {
+				deadline = now;
+				break;
+			}
+			batch += run->len;
 			free_unlink(p, run);
 			run->kind = CVM_RUN_GOING;
 			run->lnext = going;
@@ -1299,12 +1329,7 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 	err = cvm_dev_sync_epoch(p->r.dev);
 	if (err)
 		goto out;
-	while (p->going) {
-		/* The reclaim pass is unmapping free memory without the lock: let it finish. */
-		pthread_mutex_unlock(&p->r.lock);
-		sched_yield();
-		pthread_mutex_lock(&p->r.lock);
-	}
+	wait_going(p);
 	dq_drain(p, INT32_MAX);
 	settle_pending(p, INT32_MAX);
 	for (run = p->age.lnext; run != &p->age; run = next) {
