@@ -24,7 +24,7 @@
  * time of the explicit return (cuvmm_ctx_trim, cudaMemPoolTrimTo). Held bytes: for cuvmm from
  * cuvmm_ctx_stats() after every op (exact); for the CUDA allocators from the driver, cuMemGetInfo()'s
  * (total - free) minus the value before the replay, sampled every --driver-sample-ops ops (so their peak
- * is a sampled peak). Separately, "return test": allocate --return-test-bytes in 64 MiB pieces, free them,
+ * is a sampled peak). Separately, "return test": allocate --return-test-bytes in --return-piece-bytes pieces (64 MiB), free them,
  * and time cuvmm_pool_trim(pool, 0) against cudaMemPoolTrimTo(pool, 0) after the same with
  * cudaMallocAsync/cudaFreeAsync.
  *
@@ -1142,7 +1142,7 @@ struct rtest {
 	uint64_t unmap_calls, release_calls;
 };
 
-#define RT_PIECE (64 * MIB)
+static uint64_t RT_PIECE = 64 * MIB; /* --return-piece-bytes */
 
 static int rtest_cuvmm(struct rtest *rt, uint64_t bytes)
 {
@@ -1355,7 +1355,7 @@ static void print_rtests(const struct rtest *rt, int n)
 		any |= rt[i].ran;
 	if (!any)
 		return;
-	printf("\nReturn test: allocate in 64 MiB pieces, free all, then give the memory back\n");
+	printf("\nReturn test: allocate in %.0f MiB pieces, free all, then give the memory back\n", (double)RT_PIECE / MIB);
 	printf("%-18s %10s %10s %10s %14s %10s %14s %s\n", "method", "bytes MiB", "alloc ms", "free ms",
 	       "held pre MiB", "trim ms", "held post MiB", "notes");
 	for (int i = 0; i < n; i++) {
@@ -1511,6 +1511,7 @@ static void usage(FILE *f)
 		"  --driver-sample-ops=N  read cuMemGetInfo every N ops for the CUDA allocators (16)\n"
 		"  --csv-every-ops=N      time-series row every N ops (1000)\n"
 		"  --return-test-bytes=B  return test size (8g on a GPU, 256m on the host; 0 skips it)\n"
+		"  --return-piece-bytes=B return test allocation size (64m)\n"
 		"  --csv=FILE             time series: allocator,t_ms,live_bytes,held_bytes,driver_held_bytes,phase\n"
 		"  --summary-csv=FILE     one row per allocator and per return-test method\n"
 		"  --quiet                only the final tables\n"
@@ -1615,7 +1616,7 @@ static int parse_list(const char *s)
 }
 
 enum {
-	O_ALLOC = 256, O_BACKEND, O_REQ, O_CONC, O_KV, O_SEED, O_DELAY, O_SCALE, O_CSV, O_SUMMARY, O_QUIET, O_RET,
+	O_ALLOC = 256, O_BACKEND, O_REQ, O_CONC, O_KV, O_SEED, O_DELAY, O_SCALE, O_CSV, O_SUMMARY, O_QUIET, O_RET, O_RETPIECE,
 	O_SYNC, O_DSAMPLE, O_CSVEVERY, O_PMU, O_PSIG, O_PMIN, O_PMAX, O_OMU, O_OSIG, O_OMIN, O_OMAX, O_HELP,
 };
 
@@ -1634,6 +1635,7 @@ static int parse_args(int argc, char **argv)
 		{"summary-csv", required_argument, NULL, O_SUMMARY},
 		{"quiet", no_argument, NULL, O_QUIET},
 		{"return-test-bytes", required_argument, NULL, O_RET},
+		{"return-piece-bytes", required_argument, NULL, O_RETPIECE},
 		{"sync-every-step", no_argument, NULL, O_SYNC},
 		{"driver-sample-ops", required_argument, NULL, O_DSAMPLE},
 		{"csv-every-ops", required_argument, NULL, O_CSVEVERY},
@@ -1723,6 +1725,15 @@ static int parse_args(int argc, char **argv)
 				return -1;
 			}
 			opt.return_test_bytes = (int64_t)v;
+			break;
+		case O_RETPIECE:
+			if (parse_u64(optarg, "return-piece-bytes", &v, true))
+				return -1;
+			if (v == 0) {
+				fprintf(stderr, "trace: --return-piece-bytes must be positive\n");
+				return -1;
+			}
+			RT_PIECE = v;
 			break;
 		case O_SYNC:
 			opt.sync_every_step = true;
@@ -1890,7 +1901,7 @@ int main(int argc, char **argv)
 	rbytes = opt.return_test_bytes >= 0 ? (uint64_t)opt.return_test_bytes
 					     : (opt.backend == CUVMM_BACKEND_CUDA ? 8 * GIB : 256 * MIB);
 	if (rbytes) {
-		info("\n== return test: %.0f MiB in 64 MiB pieces ==\n", (double)rbytes / MIB);
+		info("\n== return test: %.0f MiB in %.0f MiB pieces ==\n", (double)rbytes / MIB, (double)RT_PIECE / MIB);
 		if (rtest_cuvmm(&rt[0], rbytes))
 			failed = 1;
 		if (g_gpu && g_have_mempool && rtest_async(&rt[1], rbytes))

@@ -36,6 +36,8 @@ for s in $stages; do
 			"$B/bench/region_bench" --size=1G --reps=10
 			echo "== trace"
 			"$B/bench/trace" --csv="$OUT/trace.csv" --summary-csv="$OUT/trace-summary.csv" --quiet
+			echo "== return test in 1 GiB pieces (weights-sized allocations)"
+			"$B/bench/trace" --allocators=cuvmm --requests=1 --return-piece-bytes=1g --quiet | grep -A4 "Return test"
 		} >"$OUT/bench.log" 2>&1
 		tail -30 "$OUT/bench.log"
 		;;
