@@ -350,10 +350,12 @@ CUVMM_API int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out
 /**
  * @defgroup pool Pools: malloc and free over reserved address space
  * A pool reserves address space once and hands out device memory from it. Physical memory is held only
- * where live allocations sit, plus free memory kept mapped for fast reuse; that slack is given back once
- * it has been free for release_delay_ms, or earlier when it exceeds 1/32 of the recent peak of live
- * bytes. Allocations of up to 1 MiB share granules (size classes with four steps per doubling); larger
- * ones take whole granules of their own.
+ * where live allocations sit, plus free memory kept mapped for fast reuse (the slack); the slack is given
+ * back once it has been free for release_delay_ms, and earlier where keeping it would raise held more than
+ * 1/32 above the pool's recent peak footprint. Allocations of up to a quarter of the granularity (512 KiB
+ * on current GPUs) share granules (size classes with four steps per doubling); larger ones take whole
+ * granules of their own, and an allocation may hold up to max(1, k/16) granules beyond its k, where it
+ * reuses memory mapped with large handles.
  * @{
  */
 
@@ -394,7 +396,7 @@ CUVMM_API int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_c
 CUVMM_API void cuvmm_pool_destroy(struct cuvmm_pool *pool);
 
 /**
- * Allocate device memory, aligned to at least 256 bytes (allocations above 1 MiB: to the granularity).
+ * Allocate device memory, aligned to at least 256 bytes (allocations above 512 KiB: to the granularity).
  * Free memory of the pool is reused first (no driver call); new memory is mapped only when none fits.
  * Memory freed with cuvmm_free_async() is reused here only once its freeing work has completed.
  * @param[in] pool the pool

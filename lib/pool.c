@@ -1153,6 +1153,7 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 	}
 }
 
+#define CVM_SYNC_RETRY_NS 100000000ull /* a failed device synchronisation is retried after 100 ms */
 #define CVM_GOING_BATCH 16 /* granules unmapped per reclaim pass without the lock (32 MiB on the H200) */
 
 /* Wait (lock held, dropped meanwhile) until no reclaim pass is unmapping GOING runs of this pool. */
@@ -1231,8 +1232,11 @@ again:
 		synced = true;
 		if (!err)
 			goto again;
-		cvm_err("pool \"%s\": synchronising the device to release memory failed: %s", p->name,
+		cvm_err("pool \"%s\": synchronising the device to release memory failed: %s; will retry", p->name,
 			cuvmm_strerror(err));
+		/* The runs that waited for it are still due: look again soon rather than never. */
+		if (now + CVM_SYNC_RETRY_NS < deadline)
+			deadline = now + CVM_SYNC_RETRY_NS;
 	}
 	if (going)
 		unmap_going(p, going);

@@ -1298,6 +1298,54 @@ START_TEST(test_threads)
 }
 END_TEST
 
+/* A region with a coarser unit of mapping: every map is whole handles of that unit, and fewer of them. */
+START_TEST(test_create_ex_coarse)
+{
+	struct cuvmm_ctx *ctx = ctx_with_delay(-1);
+	struct cuvmm_region *r = NULL, *bad = NULL;
+	struct cuvmm_stats st;
+	size_t u = 4 * G;
+
+	ck_assert_int_eq(cuvmm_region_create_ex(ctx, 0, 64 * G, 3 * G, &bad), CUVMM_EINVAL); /* not a power of 2 */
+	ck_assert_int_eq(cuvmm_region_create_ex(ctx, 0, 64 * G, G / 2, &bad), CUVMM_EINVAL); /* below the device's */
+	ck_assert_int_eq(cuvmm_region_create_ex(ctx, 0, 64 * G, G << 10, &bad), CUVMM_EINVAL); /* > 512x */
+	ck_assert_ptr_null(bad);
+	ck_assert_int_eq(cuvmm_region_create_ex(ctx, 0, 10 * G, u, &r), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_region_granularity(r), u);
+	ck_assert_uint_eq(cuvmm_region_size(r), 12 * G); /* rounded up to the unit */
+	ck_assert_int_eq(cuvmm_region_map(r, G, u), CUVMM_EINVAL); /* offsets in units */
+	ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_region_resize(r, 5 * G, NULL), CUVMM_OK); /* two units */
+	st = tc_region_stats(r);
+	ck_assert_uint_eq(st.mapped_bytes, 2 * u);
+	ck_assert_uint_eq(st.live_bytes, 2 * u);
+	ck_assert_uint_eq(st.create_calls, 2);
+	ck_assert_uint_eq(st.map_calls, 2);
+	if (tc_on_host()) {
+		memset(cuvmm_region_base(r), 0x5a, 2 * u);
+		ck_assert_int_eq(tc_memfd_bytes(), (int64_t)(2 * u));
+	}
+	ck_assert_int_eq(cuvmm_region_resize(r, u, NULL), CUVMM_OK);
+	st = tc_region_stats(r);
+	ck_assert_uint_eq(st.mapped_bytes, u);
+	ck_assert_uint_eq(st.unmap_calls, 1);
+	if (tc_on_host())
+		ck_assert_uint_eq(((unsigned char *)cuvmm_region_base(r))[u - 1], 0x5a);
+	/* sleep and wake keep the unit */
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	st = tc_region_stats(r);
+	ck_assert_uint_eq(st.mapped_bytes, u);
+	if (tc_on_host())
+		ck_assert_uint_eq(((unsigned char *)cuvmm_region_base(r))[0], 0x5a);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).live_bytes, 0);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 static Suite *region_suite(void)
 {
 	Suite *s = suite_create("region");
@@ -1314,6 +1362,7 @@ static Suite *region_suite(void)
 	tcase_add_test(tc, test_resize);
 	tcase_add_test(tc, test_stats_steps);
 	tcase_add_test(tc, test_two_regions);
+	tcase_add_test(tc, test_create_ex_coarse);
 	tcase_add_test(tc, test_os_accounting);
 	suite_add_tcase(s, tc);
 
