@@ -54,71 +54,9 @@ static struct {
 
 static bool host;
 
-/* ----- the trace: bench/trace.c's generator (splitmix64 seeding xoshiro256**, polar Box-Muller) ----- */
+/* ----- the trace: the benchmark's own generator (bench/kvtrace.h), so both replay the same requests ----- */
 
-struct rng {
-	uint64_t s[4];
-	bool have_spare;
-	double spare;
-};
-
-static uint64_t rotl(uint64_t x, int k)
-{
-	return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t rng_next(struct rng *r)
-{
-	uint64_t *s = r->s, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-
-	s[2] ^= s[0];
-	s[3] ^= s[1];
-	s[1] ^= s[2];
-	s[0] ^= s[3];
-	s[2] ^= t;
-	s[3] = rotl(s[3], 45);
-	return result;
-}
-
-static void rng_seed(struct rng *r, uint64_t seed)
-{
-	for (int i = 0; i < 4; i++) {
-		uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
-		r->s[i] = ex_mix64(z);
-	}
-	r->have_spare = false;
-}
-
-static double rng_normal(struct rng *r)
-{
-	double u, v, s, mul;
-
-	if (r->have_spare) {
-		r->have_spare = false;
-		return r->spare;
-	}
-	do { /* uniform in (-1, 1) from 53 random bits */
-		u = ((double)(rng_next(r) >> 11) + 0.5) * (2.0 / 9007199254740992.0) - 1.0;
-		v = ((double)(rng_next(r) >> 11) + 0.5) * (2.0 / 9007199254740992.0) - 1.0;
-		s = u * u + v * v;
-	} while (s >= 1.0 || s == 0.0);
-	mul = sqrt(-2.0 * log(s) / s);
-	r->spare = v * mul;
-	r->have_spare = true;
-	return u * mul;
-}
-
-/* round(clip(exp(N(mu, sigma)), lo, hi)) tokens, times --scale, rounded, at least 1 */
-static uint32_t draw_tokens(struct rng *r, double mu, double sigma, double lo, double hi)
-{
-	double v = exp(mu + sigma * rng_normal(r));
-	uint64_t n;
-
-	v = v < lo ? lo : v > hi ? hi : v;
-	n = (uint64_t)(v + 0.5);
-	n = (uint64_t)((double)n * opt.scale + 0.5);
-	return n < 1 ? 1 : (uint32_t)n;
-}
+#include "kvtrace.h"
 
 struct request {
 	uint32_t prompt, output; /* tokens */
@@ -135,8 +73,8 @@ static struct request *make_trace(void)
 	rng_seed(&rng, opt.seed);
 	/* Lengths are drawn up front, in request order, so they do not depend on the schedule. */
 	for (uint32_t i = 0; i < opt.requests; i++) {
-		reqs[i].prompt = draw_tokens(&rng, 6.0, 1.0, 16, 4096);
-		reqs[i].output = draw_tokens(&rng, 5.0, 1.0, 8, 2048);
+		reqs[i].prompt = (uint32_t)draw_tokens(&rng, 6.0, 1.0, 16, 4096, opt.scale);
+		reqs[i].output = (uint32_t)draw_tokens(&rng, 5.0, 1.0, 8, 2048, opt.scale);
 		reqs[i].cap = (reqs[i].prompt + reqs[i].output + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
 	}
 	return reqs;

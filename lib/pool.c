@@ -1211,11 +1211,16 @@ again:
 			 * chunks are unmapped below without the lock. In batches: while a batch is unmapped, an
 			 * allocation cannot reuse its chunks and creates new ones, so held briefly counts both;
 			 * a small batch keeps that overlap small, and the pass comes straight back for more. */
-			if (batch >= CVM_GOING_BATCH) {
-				deadline = now;
-				break;
+			bool expired = ctx->delay_ns != UINT64_MAX && cvm_elapsed(now, run->freed_ns) >= ctx->delay_ns;
+
+			/* (Idle memory needs no small batches: nothing allocates meanwhile.) */
+			if (!expired) {
+				if (batch >= CVM_GOING_BATCH) {
+					deadline = now;
+					break;
+				}
+				batch += run->len;
 			}
-			batch += run->len;
 			free_unlink(p, run);
 			run->kind = CVM_RUN_GOING;
 			run->lnext = going;
