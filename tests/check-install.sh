@@ -1,11 +1,14 @@
 #!/bin/sh
-# Usage: check-install.sh BUILDDIR OUTSIDE_C
+# Usage: check-install.sh BUILDDIR OUTSIDE_C [SOURCE_ROOT]
 # Installs BUILDDIR into a scratch DESTDIR, builds OUTSIDE_C with nothing but what
 # `pkg-config --cflags --libs cuvmm` says about the installed files, and runs it on the host backend.
+# With SOURCE_ROOT, also builds every example out of tree the same way, as a user would, and runs
+# region_grow_shrink on the host backend.
 set -eu
 
 builddir=$1
 src=$2
+srcroot=${3:-}
 cc_cmd=${CC:-cc}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cuvmm-install.XXXXXX")
@@ -47,3 +50,18 @@ if readelf -d "$tmp/outside" | grep 'NEEDED' | grep -q 'libcuda\.'; then
 fi
 
 LD_LIBRARY_PATH=$libdir CUVMM_BACKEND=host "$tmp/outside"
+
+if [ -n "$srcroot" ]; then
+	for ex in region_grow_shrink shrink_on_idle sleep_wake kv_server; do
+		# shellcheck disable=SC2086
+		$cc_cmd -std=gnu11 -Wall -Wextra -Werror -I"$srcroot/bench" -o "$tmp/$ex" \
+			"$srcroot/examples/$ex.c" "$srcroot/examples/example_util.c" $flags -ldl -lm -lpthread
+		echo "built examples/$ex.c out of tree with pkg-config"
+	done
+	LD_LIBRARY_PATH=$libdir CUVMM_BACKEND=host "$tmp/region_grow_shrink" > "$tmp/ex.log" 2>&1 || {
+		cat "$tmp/ex.log" >&2
+		echo "FAIL: region_grow_shrink built out of tree" >&2
+		exit 1
+	}
+	echo "ran region_grow_shrink built out of tree"
+fi
