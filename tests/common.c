@@ -472,3 +472,44 @@ void tc_env_restore(void)
 		free(saved_env[nsaved_env].value);
 	}
 }
+
+struct tc_snap tc_snap_take(struct cuvmm_ctx *ctx, struct cuvmm_region *r)
+{
+	struct tc_snap s;
+	struct cuvmm_stats st;
+
+	memset(&s, 0, sizeof(s));
+	if (r) {
+		st = tc_region_stats(r);
+		s.r_reserved = st.reserved_bytes;
+		s.r_mapped = st.mapped_bytes;
+		s.r_held = st.held_bytes;
+		s.r_live = st.live_bytes;
+	}
+	st = tc_ctx_stats(ctx);
+	s.d_mapped = st.mapped_bytes;
+	s.d_held = st.held_bytes;
+	s.d_live = st.live_bytes;
+	s.d_reserved = st.reserved_bytes;
+	s.memfd = tc_on_host() ? tc_memfd_bytes() : 0;
+	return s;
+}
+
+#define TC_SNAP_FIELD(a, b, f, what)                                                                         \
+	ck_assert_msg((a)->f == (b)->f, "%s: " #f " was %llu before the failed call, %llu after", what,        \
+		      (unsigned long long)(a)->f, (unsigned long long)(b)->f)
+
+void tc_snap_expect_same(const struct tc_snap *a, const struct tc_snap *b, const char *what, bool held)
+{
+	TC_SNAP_FIELD(a, b, r_reserved, what);
+	TC_SNAP_FIELD(a, b, r_mapped, what);
+	TC_SNAP_FIELD(a, b, r_held, what);
+	TC_SNAP_FIELD(a, b, r_live, what);
+	TC_SNAP_FIELD(a, b, d_mapped, what);
+	TC_SNAP_FIELD(a, b, d_live, what);
+	TC_SNAP_FIELD(a, b, d_reserved, what);
+	if (held) {
+		TC_SNAP_FIELD(a, b, d_held, what);
+		TC_SNAP_FIELD(a, b, memfd, what);
+	}
+}

@@ -90,4 +90,16 @@ int tc_in_child(int (*fn)(void *), void *arg, char *buf, size_t bufsize);
 void tc_env_set(const char *name, const char *value);
 void tc_env_restore(void);
 
+
+/* A snapshot of a region's counters (when r is not NULL), its device's, and the OS's view of the host
+ * chunks, for checking that a failed call left everything as it was. */
+struct tc_snap {
+	uint64_t r_reserved, r_mapped, r_held, r_live, d_mapped, d_held, d_live, d_reserved;
+	int64_t memfd;
+};
+struct tc_snap tc_snap_take(struct cuvmm_ctx *ctx, struct cuvmm_region *r);
+/* Assert that nothing changed between a and b: region and device mapped, live and reserved always; the
+ * device's held bytes and the OS's memfd bytes too when `held` is set ("nothing it created stays held"). */
+void tc_snap_expect_same(const struct tc_snap *a, const struct tc_snap *b, const char *what, bool held);
+
 #endif /* TC_COMMON_H */

@@ -868,49 +868,6 @@ END_TEST
 
 /* ----- fault injection ----- */
 
-struct snap {
-	uint64_t r_mapped, r_live, r_held, d_mapped, d_live, d_held, d_reserved;
-	int64_t memfd;
-};
-
-static struct snap snap_take(struct cuvmm_ctx *ctx, struct cuvmm_region *r)
-{
-	struct snap s;
-	struct cuvmm_stats st;
-
-	memset(&s, 0, sizeof(s));
-	if (r) {
-		st = tc_region_stats(r);
-		s.r_mapped = st.mapped_bytes;
-		s.r_live = st.live_bytes;
-		s.r_held = st.held_bytes;
-	}
-	st = tc_ctx_stats(ctx);
-	s.d_mapped = st.mapped_bytes;
-	s.d_live = st.live_bytes;
-	s.d_held = st.held_bytes;
-	s.d_reserved = st.reserved_bytes;
-	s.memfd = tc_on_host() ? tc_memfd_bytes() : 0;
-	return s;
-}
-
-#define SNAP_FIELD(a, b, f, what)                                                                            \
-	ck_assert_msg((a)->f == (b)->f, "%s: " #f " was %llu before the failed call, %llu after", what,        \
-		      (unsigned long long)(a)->f, (unsigned long long)(b)->f)
-
-static void snap_expect_same(const struct snap *a, const struct snap *b, const char *what)
-{
-	SNAP_FIELD(a, b, r_mapped, what);
-	SNAP_FIELD(a, b, r_live, what);
-	SNAP_FIELD(a, b, d_mapped, what);
-	SNAP_FIELD(a, b, d_live, what);
-	SNAP_FIELD(a, b, d_reserved, what);
-	SNAP_FIELD(a, b, r_held, what);
-	/* "A failed call leaves no partial state behind: ... nothing it created stays held." */
-	SNAP_FIELD(a, b, d_held, what);
-	SNAP_FIELD(a, b, memfd, what);
-}
-
 static const char *const call_names[] = {
 	"RESERVE", "UNRESERVE", "CREATE", "RELEASE", "MAP", "UNMAP", "SET_ACCESS", "EVENT_CREATE",
 	"EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "DEVICE_SYNC", "STREAM_WAIT", "HOST_ALLOC", "COPY",
@@ -957,7 +914,7 @@ START_TEST(test_fault_map_path)
 	const int err = skip % 2 ? CUVMM_ENOMEM : CUVMM_EDRIVER;
 	struct cuvmm_ctx *ctx = tc_ctx(NULL);
 	struct cuvmm_region *r = region(ctx, 16 * G);
-	struct snap before, after;
+	struct tc_snap before, after;
 	char what[96];
 	CUstream s;
 	int got;
@@ -974,21 +931,21 @@ START_TEST(test_fault_map_path)
 	fill_g(r, 6, 1, 111);
 	fill_g(r, 9, 1, 111);
 	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK); /* an empty cache: every chunk is created */
-	before = snap_take(ctx, r);
+	before = tc_snap_take(ctx, r);
 
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, skip, 1, err), CUVMM_OK);
 	got = resize ? cuvmm_region_resize(r, 8 * G, s) : cuvmm_region_map(r, G, 7 * G);
 	ck_assert_msg(got == err, "%s: returned %s, want %s", what, cuvmm_err_name(got), cuvmm_err_name(err));
 	ck_assert_int_eq(cuvmm_last_driver_error(), err == CUVMM_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN);
 	tc_settle(ctx); /* nothing may have been left pending either */
-	after = snap_take(ctx, r);
+	after = tc_snap_take(ctx, r);
 	/* What was mapped is untouched. */
 	ck_assert_uint_eq(check_g(r, 0, 1, 111) + check_g(r, 2, 1, 111) + check_g(r, 4, 1, 111) +
 				  check_g(r, 6, 1, 111) + check_g(r, 9, 1, 111),
 			  0);
 	/* held and the memfds included: the chunks the failed call created must go back to the driver, not to
 	 * the cache (a bug fixed in ebb8b82). */
-	snap_expect_same(&before, &after, what);
+	tc_snap_expect_same(&before, &after, what, true);
 
 	/* The fault was used up: the same call now works. */
 	got = resize ? cuvmm_region_resize(r, 8 * G, s) : cuvmm_region_map(r, G, 7 * G);
@@ -1020,7 +977,7 @@ START_TEST(test_fault_fence)
 	const bool resize = _i % 2;
 	struct cuvmm_ctx *ctx = tc_ctx(NULL);
 	struct cuvmm_region *r = region(ctx, 16 * G); /* fresh: no spare event, so the fence creates one */
-	struct snap before, after;
+	struct tc_snap before, after;
 	char what[96];
 	CUstream s = NULL;
 	int got;
@@ -1030,15 +987,15 @@ START_TEST(test_fault_fence)
 		ck_assert_int_eq(tc_stream_create(&s), 0);
 	ck_assert_int_eq(cuvmm_region_map(r, 0, 4 * G), CUVMM_OK);
 	fill_g(r, 0, 4, 121);
-	before = snap_take(ctx, r);
+	before = tc_snap_take(ctx, r);
 
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, 0, 1, CUVMM_EDRIVER), CUVMM_OK);
 	got = resize ? cuvmm_region_resize(r, 2 * G, s) : cuvmm_region_unmap(r, 2 * G, 2 * G, s);
 	ck_assert_msg(got == CUVMM_EDRIVER, "%s: returned %s", what, cuvmm_err_name(got));
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, call), 1);
 	tc_settle(ctx);
-	after = snap_take(ctx, r);
-	snap_expect_same(&before, &after, what);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&before, &after, what, true);
 	ck_assert_uint_eq(check_g(r, 0, 4, 121), 0);
 
 	got = resize ? cuvmm_region_resize(r, 2 * G, s) : cuvmm_region_unmap(r, 2 * G, 2 * G, s);

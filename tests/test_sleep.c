@@ -99,51 +99,6 @@ static void fill_layout(struct cuvmm_region *r, uint32_t v)
 		fill_g(r, range_first[i], RANGE_LEN, v);
 }
 
-struct snap {
-	uint64_t r_reserved, r_mapped, r_held, r_live, d_mapped, d_held, d_live;
-	int64_t memfd;
-};
-
-static struct snap snap_take(struct cuvmm_ctx *ctx, struct cuvmm_region *r)
-{
-	struct snap s;
-	struct cuvmm_stats st;
-
-	memset(&s, 0, sizeof(s));
-	if (r) {
-		st = tc_region_stats(r);
-		s.r_reserved = st.reserved_bytes;
-		s.r_mapped = st.mapped_bytes;
-		s.r_held = st.held_bytes;
-		s.r_live = st.live_bytes;
-	}
-	st = tc_ctx_stats(ctx);
-	s.d_mapped = st.mapped_bytes;
-	s.d_held = st.held_bytes;
-	s.d_live = st.live_bytes;
-	s.memfd = tc_on_host() ? tc_memfd_bytes() : 0;
-	return s;
-}
-
-#define SNAP_FIELD(a, b, f, what)                                                                            \
-	ck_assert_msg((a)->f == (b)->f, "%s: " #f " was %llu, now %llu", what, (unsigned long long)(a)->f,     \
-		      (unsigned long long)(b)->f)
-
-/* The region is exactly as in the snapshot (region stats, device mapped/live and, optionally, held/OS). */
-static void snap_expect_same(const struct snap *a, const struct snap *b, const char *what, bool device_held)
-{
-	SNAP_FIELD(a, b, r_reserved, what);
-	SNAP_FIELD(a, b, r_mapped, what);
-	SNAP_FIELD(a, b, r_held, what);
-	SNAP_FIELD(a, b, r_live, what);
-	SNAP_FIELD(a, b, d_mapped, what);
-	SNAP_FIELD(a, b, d_live, what);
-	if (device_held) {
-		SNAP_FIELD(a, b, d_held, what);
-		SNAP_FIELD(a, b, memfd, what);
-	}
-}
-
 /* Asleep: every call but wake, stats and destroy is refused, and changes nothing. */
 static void expect_region_asleep(struct cuvmm_region *r, CUstream s, const char *what)
 {
@@ -212,7 +167,7 @@ START_TEST(test_region_offload)
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_region *r = region_ex(ctx, 16 * gr, coarse ? gr : 0);
 	void *base = cuvmm_region_base(r);
-	struct snap awake, asleep, now;
+	struct tc_snap awake, asleep, now;
 	struct cuvmm_stats st0, st;
 	CUstream s = NULL;
 	char what[64];
@@ -224,7 +179,7 @@ START_TEST(test_region_offload)
 	map_scattered(r);
 	fill_scattered(r, 51);
 	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
-	awake = snap_take(ctx, r);
+	awake = tc_snap_take(ctx, r);
 	st0 = tc_region_stats(r);
 	ck_assert_uint_eq(awake.r_mapped, SCATTERED_UNITS * gr);
 	ck_assert_uint_eq(awake.r_live, SCATTERED_UNITS * gr);
@@ -234,7 +189,7 @@ START_TEST(test_region_offload)
 		uint32_t v = 51 + cycle;
 
 		ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s), CUVMM_OK);
-		asleep = snap_take(ctx, r);
+		asleep = tc_snap_take(ctx, r);
 		ck_assert_uint_eq(asleep.r_mapped, 0);
 		ck_assert_uint_eq(asleep.r_held, 0);
 		ck_assert_uint_eq(asleep.r_live, awake.r_live); /* what wake brings back */
@@ -253,8 +208,8 @@ START_TEST(test_region_offload)
 		ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_OK);
 		ck_assert_int_eq(tc_stream_sync(s), 0);
 		ck_assert_ptr_eq(cuvmm_region_base(r), base);
-		now = snap_take(ctx, r);
-		snap_expect_same(&awake, &now, what, true);
+		now = tc_snap_take(ctx, r);
+		tc_snap_expect_same(&awake, &now, what, true);
 		ck_assert_uint_eq(check_scattered(r, v), 0);
 		st = tc_region_stats(r);
 		ck_assert_uint_eq(st.map_calls - st0.map_calls, (cycle + 1) * SCATTERED_UNITS); /* one chunk per unit */
@@ -281,7 +236,7 @@ START_TEST(test_region_discard)
 {
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_region *r = region(ctx, 16 * G);
-	struct snap awake, asleep, now;
+	struct tc_snap awake, asleep, now;
 	uint64_t host_allocs, copies;
 	CUstream s = NULL;
 
@@ -290,12 +245,12 @@ START_TEST(test_region_discard)
 	map_scattered(r);
 	fill_scattered(r, 61);
 	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
-	awake = snap_take(ctx, r);
+	awake = tc_snap_take(ctx, r);
 	host_allocs = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC);
 	copies = cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY);
 
 	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_DISCARD, s), CUVMM_OK);
-	asleep = snap_take(ctx, r);
+	asleep = tc_snap_take(ctx, r);
 	ck_assert_uint_eq(asleep.r_mapped, 0);
 	ck_assert_uint_eq(asleep.r_held, 0);
 	ck_assert_uint_eq(asleep.r_live, awake.r_live);
@@ -306,8 +261,8 @@ START_TEST(test_region_discard)
 
 	ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_OK);
 	ck_assert_int_eq(tc_stream_sync(s), 0);
-	now = snap_take(ctx, r);
-	snap_expect_same(&awake, &now, "discard", true);
+	now = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&awake, &now, "discard", true);
 	/* no pinned memory, no copy either way */
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC), host_allocs);
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY), copies);
@@ -753,7 +708,7 @@ START_TEST(test_fault_sleep)
 	const int err = sleep_faults[_i].err;
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_region *r = fault_region(ctx);
-	struct snap before, after;
+	struct tc_snap before, after;
 	CUstream s = NULL;
 	uint64_t calls;
 	char what[96];
@@ -763,15 +718,15 @@ START_TEST(test_fault_sleep)
 		 (unsigned long long)skip, sleep_faults[_i].stream ? " on a stream" : "");
 	if (sleep_faults[_i].stream)
 		ck_assert_int_eq(tc_stream_create(&s), 0);
-	before = snap_take(ctx, r);
+	before = tc_snap_take(ctx, r);
 	calls = cuvmm_ctx_call_count(ctx, call);
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, skip, 1, err), CUVMM_OK);
 	tc_log_capture(CUVMM_LOG_ERROR);
 	got = cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s);
 	ck_assert_msg(got == err, "%s: returned %s, want %s", what, cuvmm_err_name(got), cuvmm_err_name(err));
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, call) - calls, skip + 1);
-	after = snap_take(ctx, r);
-	snap_expect_same(&before, &after, what, true);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&before, &after, what, true);
 	ck_assert_msg(check_layout(r, 111) == 0, "%s: contents changed", what);
 	/* awake: it maps, and sleeps */
 	ck_assert_int_eq(cuvmm_region_map(r, 2 * G, G), CUVMM_OK);
@@ -845,7 +800,7 @@ START_TEST(test_fault_wake)
 	const enum cuvmm_sleep_mode mode = wake_faults[_i].mode;
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_region *r = fault_region(ctx);
-	struct snap awake, asleep, after;
+	struct tc_snap awake, asleep, after;
 	uint64_t calls;
 	char what[96];
 	CUstream s;
@@ -854,9 +809,9 @@ START_TEST(test_fault_wake)
 	snprintf(what, sizeof(what), "%s failing after %llu calls in a wake (%s)", call_names[call],
 		 (unsigned long long)skip, mode == CUVMM_SLEEP_OFFLOAD ? "offload" : "discard");
 	ck_assert_int_eq(tc_stream_create(&s), 0);
-	awake = snap_take(ctx, r);
+	awake = tc_snap_take(ctx, r);
 	ck_assert_int_eq(cuvmm_region_sleep(r, mode, NULL), CUVMM_OK);
-	asleep = snap_take(ctx, r);
+	asleep = tc_snap_take(ctx, r);
 	calls = cuvmm_ctx_call_count(ctx, call);
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, skip, 1, err), CUVMM_OK);
 	tc_log_capture(CUVMM_LOG_ERROR);
@@ -864,8 +819,8 @@ START_TEST(test_fault_wake)
 	ck_assert_msg(got == err, "%s: returned %s, want %s", what, cuvmm_err_name(got), cuvmm_err_name(err));
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, call) - calls, skip + 1);
 	/* still asleep, nothing of it mapped (the device may cache the chunks the failed call got) */
-	after = snap_take(ctx, r);
-	snap_expect_same(&asleep, &after, what, false);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&asleep, &after, what, false);
 	ck_assert_uint_eq(after.d_mapped, 0);
 	ck_assert_int_eq(tc_log_count(CUVMM_LOG_ERROR, "stays mapped"), 0);
 	expect_region_asleep(r, s, what);
@@ -875,15 +830,15 @@ START_TEST(test_fault_wake)
 	got = cuvmm_region_wake(r, s);
 	ck_assert_msg(got == CUVMM_OK, "%s: the second wake returned %s", what, cuvmm_err_name(got));
 	ck_assert_int_eq(tc_stream_sync(s), 0);
-	after = snap_take(ctx, r);
-	snap_expect_same(&awake, &after, what, false);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&awake, &after, what, false);
 	if (mode == CUVMM_SLEEP_OFFLOAD)
 		ck_assert_msg(check_layout(r, 111) == 0, "%s: contents lost", what);
 	fill_layout(r, 113);
 	ck_assert_uint_eq(check_layout(r, 113), 0);
 	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
-	after = snap_take(ctx, r);
-	snap_expect_same(&awake, &after, what, true);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&awake, &after, what, true);
 	tc_stream_destroy(s);
 	cuvmm_region_destroy(r);
 	cuvmm_ctx_destroy(ctx);
