@@ -441,8 +441,10 @@ CUVMM_API int cuvmm_malloc_async(struct cuvmm_pool *pool, size_t bytes, CUstream
 CUVMM_API int cuvmm_free_async(struct cuvmm_pool *pool, void *ptr, CUstream stream);
 
 /**
- * Give the pool's free memory back now, beyond @p keep_bytes of it, and release the device's cached
- * chunks beyond @p keep_bytes. Synchronises the device first, without holding the pool's lock.
+ * Give the pool's free memory back now, keeping about @p keep_bytes of free memory in all: free memory
+ * stays mapped in the pool in whole runs up to @p keep_bytes, and the device's cached chunks are released
+ * beyond what that leaves of @p keep_bytes. Synchronises the device first, without holding the pool's
+ * lock.
  * @param[in] pool the pool
  * @param[in] keep_bytes free memory to keep mapped
  * @return CUVMM_OK, or CUVMM_EINVAL for a NULL pool

@@ -1286,6 +1286,7 @@ static uint64_t pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 
 int cuvmm_pool_trim(struct cuvmm_pool *p, size_t keep_bytes)
 {
+	size_t kept = 0;
 	bool asleep;
 
 	if (!p)
@@ -1302,9 +1303,11 @@ int cuvmm_pool_trim(struct cuvmm_pool *p, size_t keep_bytes)
 			reclaim_locked(p, cvm_now_ns(), true, keep_bytes);
 			cvm_region_host_drop(&p->r);
 		}
+		kept = p->free_bytes;
 		pthread_mutex_unlock(&p->r.lock);
 	}
-	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, keep_bytes);
+	/* keep_bytes in all: what stayed mapped in the pool counts against it. */
+	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, keep_bytes > kept ? keep_bytes - kept : 0);
 	return CUVMM_OK;
 }
 
