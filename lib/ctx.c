@@ -16,14 +16,14 @@
 
 static void *bg_main(void *arg);
 
-static int resolve_backend(struct cuvmm_config *cfg)
+/* AUTO: $CUVMM_BACKEND if it says host, else CUDA (a config not made by cuvmm_config_init has not read it). */
+static void resolve_backend(struct cuvmm_config *cfg)
 {
 	if (cfg->backend == CUVMM_BACKEND_AUTO) {
 		const char *s = getenv("CUVMM_BACKEND");
 
 		cfg->backend = s && strcmp(s, "host") == 0 ? CUVMM_BACKEND_HOST : CUVMM_BACKEND_CUDA;
 	}
-	return CUVMM_OK;
 }
 
 int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)

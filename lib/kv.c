@@ -119,10 +119,7 @@ static void unmap_page_undo(struct cuvmm_kv *kv, uint32_t p, uint32_t n)
 		pthread_mutex_lock(&r->lock);
 		if (cvm_region_chunk_unmap_locked(r, p, &c) == CUVMM_OK) {
 			cvm_acct_live(&r->acct, -(int64_t)r->gran);
-			if (c->fresh)
-				cvm_phys_release(&r->dev->phys, c);
-			else
-				cvm_phys_put(&r->dev->phys, c);
+			cvm_phys_undo(&r->dev->phys, c);
 		}
 		pthread_mutex_unlock(&r->lock);
 	}
@@ -639,38 +636,40 @@ again:
 	return next;
 }
 
-/* A free home block of page p all of whose pages are mapped (a compaction destination), or NONE. */
+/* Could block b take a block without mapping anything: free, and every page it touches mapped? */
+static bool placeable(struct cuvmm_kv *kv, uint32_t b)
+{
+	uint32_t first, last;
+
+	if (busy(kv, b))
+		return false;
+	block_pages(kv, b, &first, &last);
+	for (uint32_t q = first; q <= last; q++)
+		if (!kv->pg[q].mapped)
+			return false;
+	return true;
+}
+
+/* A placeable home block of page p (a compaction destination), or NONE. */
 static uint32_t free_mapped_block(struct cuvmm_kv *kv, uint32_t p)
 {
-	uint32_t lo, hi, first, last;
+	uint32_t lo, hi;
 
 	page_blocks(kv, p, &lo, &hi);
-	for (uint32_t b = lo; b < hi; b++) {
-		bool ok = !busy(kv, b);
-
-		block_pages(kv, b, &first, &last);
-		for (uint32_t q = first; ok && q <= last; q++)
-			ok = kv->pg[q].mapped;
-		if (ok)
+	for (uint32_t b = lo; b < hi; b++)
+		if (placeable(kv, b))
 			return b;
-	}
 	return NONE;
 }
 
-/* Free home blocks of page p that could take a block without mapping anything. */
+/* Placeable home blocks of page p: the room compaction may count on there. */
 static uint32_t eligible_room(struct cuvmm_kv *kv, uint32_t p)
 {
-	uint32_t lo, hi, first, last, n = 0;
+	uint32_t lo, hi, n = 0;
 
 	page_blocks(kv, p, &lo, &hi);
-	for (uint32_t b = lo; b < hi; b++) {
-		bool ok = !busy(kv, b);
-
-		block_pages(kv, b, &first, &last);
-		for (uint32_t q = first; ok && q <= last; q++)
-			ok = kv->pg[q].mapped;
-		n += ok;
-	}
+	for (uint32_t b = lo; b < hi; b++)
+		n += placeable(kv, b);
 	return n;
 }
 

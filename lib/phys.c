@@ -251,6 +251,14 @@ void cvm_phys_release(struct cvm_phys *p, struct cvm_chunk *c)
 	chunk_release(p, c);
 }
 
+void cvm_phys_undo(struct cvm_phys *p, struct cvm_chunk *c)
+{
+	if (c->fresh)
+		chunk_release(p, c);
+	else
+		cvm_phys_put(p, c);
+}
+
 void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c)
 {
 	struct cuvmm_ctx *ctx = p->dev->ctx;

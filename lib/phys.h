@@ -79,6 +79,9 @@ int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt,
 void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c);
 /* Release a chunk (unmapped, not in the cache) to the driver now, bypassing the cache (sleep). */
 void cvm_phys_release(struct cvm_phys *p, struct cvm_chunk *c);
+/* Give back a chunk (unmapped) that a failed call took: released if it was created for that call, back
+ * to the cache if it came from there, so that held is as before the call. */
+void cvm_phys_undo(struct cvm_phys *p, struct cvm_chunk *c);
 /*
  * Release cached chunks: with force, all beyond keep_bytes; else those free for release_delay_ms, beyond
  * retain_bytes. Never blocks on the mutex unless force. Returns the time (ns) the next cached chunk

@@ -159,10 +159,7 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 		span = cvm_span(r, c);
 		if (cvm_region_chunk_unmap_locked(r, g, &c) == CUVMM_OK) {
 			/* What this call created goes back to the driver; what it took from the cache, back there. */
-			if (c->fresh)
-				cvm_phys_release(&r->dev->phys, c);
-			else
-				cvm_phys_put(&r->dev->phys, c);
+			cvm_phys_undo(&r->dev->phys, c);
 		} else {
 			/* Stuck mapped: account it as pending so a later pass retries. */
 			for (size_t i = 0; i < span; i++)
@@ -200,10 +197,7 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 				goto undo;
 			err = cvm_drv_map(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, j), c->size, c->h);
 			if (err) {
-				if (c->fresh)
-					cvm_phys_release(&r->dev->phys, c);
-				else
-					cvm_phys_put(&r->dev->phys, c);
+				cvm_phys_undo(&r->dev->phys, c);
 				goto undo;
 			}
 			cvm_acct_mapped(&r->acct, (int64_t)c->size);

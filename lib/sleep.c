@@ -187,10 +187,7 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 			goto undo;
 		err = cvm_region_chunk_map_locked(r, s->chunks[i].g, c, CVM_SLOT_MAPPED);
 		if (err) {
-			if (c->fresh)
-				cvm_phys_release(&r->dev->phys, c);
-			else
-				cvm_phys_put(&r->dev->phys, c);
+			cvm_phys_undo(&r->dev->phys, c);
 			goto undo;
 		}
 		if (!copy)
@@ -234,10 +231,7 @@ undo:
 			cvm_err("wake: unmapping after a failure failed; granule %zu stays mapped", s->chunks[i].g);
 			continue;
 		}
-		if (c->fresh)
-			cvm_phys_release(&r->dev->phys, c);
-		else
-			cvm_phys_put(&r->dev->phys, c);
+		cvm_phys_undo(&r->dev->phys, c);
 	}
 	return err;
 }
