@@ -2,6 +2,7 @@
  * KV blocks: page-aware block allocation over `tensors` parallel regions. See kv.h.
  * Lock order: kv->lock, then a tensor region's lock.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -575,7 +576,19 @@ static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 		pthread_mutex_lock(&kv->lock);
 	else if (pthread_mutex_trylock(&kv->lock))
 		return now + CVM_FENCE_POLL_NS;
-	active = !force && kv->last_alloc_ns && cvm_elapsed(now, kv->last_alloc_ns) < (delay == UINT64_MAX ? 0 : delay);
+	if (force) {
+		/* A trim: let a map-ahead in flight (lock dropped) finish so its page is seen below, and map
+		 * nothing ahead again until the next allocation. */
+		while (kv->mapping_ahead) {
+			pthread_mutex_unlock(&kv->lock);
+			sched_yield();
+			pthread_mutex_lock(&kv->lock);
+		}
+		kv->last_alloc_ns = 0;
+	}
+	/* Ahead of demand only while blocks are in use and allocation was recent. */
+	active = !force && kv->nblocks_live && kv->last_alloc_ns &&
+		 cvm_elapsed(now, kv->last_alloc_ns) < (delay == UINT64_MAX ? 0 : delay);
 	while (active && kv->empty_pages + kv->mapping_ahead < kv->ahead) {
 		uint32_t p = unmapped_page(kv);
 		int err;
