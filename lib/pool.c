@@ -79,6 +79,11 @@ static void bin_insert(struct cuvmm_pool *p, struct cvm_run *run)
 		run->bnext->bprev = run;
 	bs->head[b] = run;
 	bs->nonempty[b / 64] |= (uint64_t)1 << (b % 64);
+	/* First-fit indexes: VA runs, and FREE runs that any allocation may take (settled). */
+	if (run->kind == CVM_RUN_VA)
+		cvm_seg_set(&p->vseg, run->start, (uint32_t)run->len);
+	else if (!run->ev)
+		cvm_seg_set(&p->fseg, run->start, (uint32_t)run->len);
 }
 
 static void bin_remove(struct cuvmm_pool *p, struct cvm_run *run)
@@ -95,6 +100,7 @@ static void bin_remove(struct cuvmm_pool *p, struct cvm_run *run)
 	if (!bs->head[b])
 		bs->nonempty[b / 64] &= ~((uint64_t)1 << (b % 64));
 	run->bnext = run->bprev = NULL;
+	cvm_seg_set(run->kind == CVM_RUN_VA ? &p->vseg : &p->fseg, run->start, 0);
 }
 
 static void list_init(struct cvm_run *h)
@@ -313,6 +319,35 @@ static struct cvm_run *best_fit(struct cuvmm_pool *p, struct cvm_run_bins *bs, s
 	return best;
 }
 
+/*
+ * Next fit: the first settled FREE run at or after the rover (wrapping around once) that can serve k
+ * granules, with the granules it would take in *take. Allocations then sweep the pool's memory in address
+ * order, and memory freed behind the sweep joins its neighbours into long runs before the sweep comes
+ * back to it: on the KV trace this holds about 2-10% less than best fit, with no driver call
+ * (doc/design.md, "Placement").
+ */
+static struct cvm_run *next_fit(struct cuvmm_pool *p, size_t k, size_t *take)
+{
+	size_t from = p->rover, i;
+	bool wrapped = false;
+
+	for (int tries = 0; tries < 64; tries++) {
+		i = cvm_seg_first(&p->fseg, from, (uint32_t)k);
+		if (i == CVM_SEG_NONE || (wrapped && i >= p->rover)) {
+			if (wrapped || p->rover == 0)
+				return NULL;
+			wrapped = true;
+			from = 0;
+			continue;
+		}
+		*take = cut_len(p, p->edge[i], k);
+		if (*take)
+			return p->edge[i];
+		from = i + 1; /* a large chunk straddles the cut: try the next run */
+	}
+	return NULL;
+}
+
 /* Settle a pending FREE run whose event has completed: it becomes safe to unmap and joins its neighbours. */
 static void settle(struct cuvmm_pool *p, struct cvm_run *run)
 {
@@ -373,10 +408,15 @@ static void run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stre
 
 /*
  * The slack (FREE runs, plus the device's cached chunks) allowed before memory is given back early: enough
- * to refill the footprint (plus `extra` bytes about to be mapped) up to its recent peak plus 1/32 of it,
- * and at least 8 granules. Slack within that never raises held more than 1/32 above what the pool recently
- * needed anyway; beyond it, memory waits for no delay.
+ * to refill the footprint (plus `extra` bytes about to be mapped) up to its recent peak plus a quarter of
+ * it, and at least 8 granules. Next fit keeps the slack a working pool needs at a few percent of its
+ * footprint, so the cap binds only where the load has fallen (held follows it down without waiting for the
+ * release delay) or in a pathological pattern. A tighter cap was measured to cost more than it saves:
+ * slack unmapped to stay under it leaves holes the sweep cannot merge across, each later allocation that
+ * misses moves memory again, and on the KV trace both held and the driver calls went up (design.md).
  */
+#define CVM_SLACK_SHIFT 2
+
 static size_t slack_cap_after(struct cuvmm_pool *p, size_t extra)
 {
 	size_t peak = p->win_peak > p->prev_peak ? p->win_peak : p->prev_peak, fp = p->fp + extra, floor = gbytes(p, 8);
@@ -384,7 +424,7 @@ static size_t slack_cap_after(struct cuvmm_pool *p, size_t extra)
 
 	if (fp > peak)
 		peak = fp;
-	cap = peak + (peak >> 5) - fp;
+	cap = peak + (peak >> CVM_SLACK_SHIFT) - fp;
 	return cap > floor ? cap : floor;
 }
 
@@ -436,17 +476,21 @@ static unsigned fresh_cls(size_t k)
 static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 {
 	unsigned cls = fresh_cls(k);
-	size_t align = (size_t)1 << cls, take, lead;
-	struct cvm_run *va = best_fit(p, &p->va, k + align - 1, NULL, false, &take), *run, *front;
+	size_t align = (size_t)1 << cls, lead;
+	size_t i = cvm_seg_first(&p->vseg, 0, (uint32_t)(k + align - 1));
+	struct cvm_run *va, *run, *front;
 	int err;
 
-	if (!va) {
+	/* The lowest free address space: the pool's memory stays packed at the start of its range, and new
+	 * memory lands where the sweep (next_fit) reaches it next. */
+	if (i == CVM_SEG_NONE) {
 		cls = 0;
 		align = 1;
-		va = best_fit(p, &p->va, k, NULL, false, &take);
-		if (!va)
+		i = cvm_seg_first(&p->vseg, 0, (uint32_t)k);
+		if (i == CVM_SEG_NONE)
 			return CUVMM_ENOSPC;
 	}
+	va = p->edge[i];
 	bin_remove(p, va);
 	/* Alignment for the run's large chunks stays VA. */
 	lead = ((va->start + align - 1) & ~(align - 1)) - va->start;
@@ -517,88 +561,98 @@ static bool steal_slack(struct cuvmm_pool *p, size_t cap)
 }
 
 /*
- * Extend fit: a FREE run of m < k granules with free address space right after it (or right before) can
- * serve k by mapping only the k - m granules it lacks, instead of the whole allocation being mapped
- * elsewhere. This is the torch.cat pattern's case: the next buffer of a request is one granule larger
- * than a buffer just freed. Looks at runs of k-1 down to k - max(1, k/8) granules, largest first.
+ * Compose: when no FREE run holds k granules, a FREE run of m < k granules with free address space right
+ * after (or right before) it serves k by mapping only the k - m granules it lacks, instead of all k being
+ * mapped elsewhere while it stays behind. The longest such run wins (looking at up to 64 runs, longest
+ * bins first). This is how the memory grows at the end of the sweep, and the torch.cat pattern's case:
+ * the next buffer of a request is one granule larger than a buffer just freed.
  */
-static int extend_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
+static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
 {
-	size_t lack_max = k / 8 > 1 ? k / 8 : 1;
+	struct cvm_run *best = NULL, *bva = NULL;
+	bool bafter = false;
+	int scanned = 0;
 
-	for (size_t m = k - 1; m >= 1 && k - m <= lack_max; m--) {
-		int scanned = 0;
-
-		for (struct cvm_run *run = p->free.head[bin_of(m)]; run && scanned < 16; run = run->bnext, scanned++) {
-			size_t lack = k - run->len, end = run->start + run->len;
+	for (int b = (int)bin_of(k); b >= 0 && scanned < 64; b--) {
+		if (!(p->free.nonempty[b / 64] & ((uint64_t)1 << (b % 64))))
+			continue;
+		for (struct cvm_run *run = p->free.head[b]; run && scanned < 64; run = run->bnext, scanned++) {
+			size_t end = run->start + run->len;
 			struct cvm_run *right = end < p->r.npages ? p->edge[end] : NULL;
 			struct cvm_run *left = run->start ? p->edge[run->start - 1] : NULL;
-			struct cvm_run *va, *piece;
-			bool after;
-			int err;
 
-			if (run->len != m || !free_usable(p, run, stream))
+			if (run->len >= k || (best && run->len <= best->len) || !free_usable(p, run, stream))
 				continue;
-			if (right && right->kind == CVM_RUN_VA && right->len >= lack)
-				va = right, after = true;
-			else if (left && left->kind == CVM_RUN_VA && left->len >= lack)
-				va = left, after = false;
-			else
-				continue;
-			/* Take the lacking granules out of the VA run, next to the FREE run, and map them. */
-			bin_remove(p, va);
-			if (after) {
-				piece = split_front(p, va, lack);
-			} else {
-				piece = va->len == lack ? va : split_front(p, va, va->len - lack);
-				if (piece && piece != va) {
-					/* split_front returned the part away from the run: swap roles */
-					struct cvm_run *t = piece;
-
-					piece = va;
-					va = t;
-				}
-			}
-			if (!piece) {
-				bin_insert(p, va);
-				return CUVMM_ENOMEM;
-			}
-			if (piece != va)
-				bin_insert(p, va);
-			err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(lack));
-			if (err) {
-				bin_insert(p, piece);
-				coalesce(p, piece);
-				return err;
-			}
-			/* One run of k granules: the FREE run and the piece. */
-			free_unlink(p, run);
-			edges_clear(p, run);
-			edges_clear(p, piece);
-			if (!after)
-				run->start = piece->start;
-			run->len = k;
-			edges_set(p, run);
-			free(piece);
-			cvm_region_event_put_locked(&p->r, run->ev);
-			run->ev = NULL;
-			run->stream = NULL;
-			*out = run;
-			return CUVMM_OK;
+			if (right && right->kind == CVM_RUN_VA && right->len >= k - run->len)
+				best = run, bva = right, bafter = true;
+			else if (left && left->kind == CVM_RUN_VA && left->len >= k - run->len)
+				best = run, bva = left, bafter = false;
 		}
-		if (m == 1)
-			break;
+		if (best)
+			break; /* bins hold longer runs than the ones below them */
 	}
-	return CUVMM_ENOSPC; /* nothing to extend */
+	if (!best)
+		return CUVMM_ENOSPC;
+	{
+		size_t lack = k - best->len;
+		struct cvm_run *va = bva, *piece;
+		int err;
+
+		/* Take the lacking granules out of the VA run, next to the FREE run, and map them. */
+		bin_remove(p, va);
+		if (bafter) {
+			piece = split_front(p, va, lack);
+		} else {
+			piece = va->len == lack ? va : split_front(p, va, va->len - lack);
+			if (piece && piece != va) {
+				/* split_front returned the part away from the run: swap roles */
+				struct cvm_run *t = piece;
+
+				piece = va;
+				va = t;
+			}
+		}
+		if (!piece) {
+			bin_insert(p, va);
+			return CUVMM_ENOMEM;
+		}
+		if (piece != va)
+			bin_insert(p, va);
+		err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(lack));
+		if (err) {
+			bin_insert(p, piece);
+			coalesce(p, piece);
+			return err;
+		}
+		/* One run of k granules: the FREE run and the piece. */
+		free_unlink(p, best);
+		edges_clear(p, best);
+		edges_clear(p, piece);
+		if (!bafter)
+			best->start = piece->start;
+		best->len = k;
+		edges_set(p, best);
+		free(piece);
+		cvm_region_event_put_locked(&p->r, best->ev);
+		best->ev = NULL;
+		best->stream = NULL;
+		*out = best;
+		return CUVMM_OK;
+	}
 }
 
-/* A run of k granules for a large allocation or a slab, from FREE memory if possible. */
-static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
+/*
+ * A run of k granules for a large allocation or a slab (`ring` false: best fit, so that slabs fill the
+ * small holes), from FREE memory if possible; the rover moves past it.
+ */
+static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, struct cvm_run **out)
 {
 	size_t take, cap;
-	struct cvm_run *run = best_fit(p, &p->free, k, stream, true, &take), *front;
+	struct cvm_run *run = ring ? next_fit(p, k, &take) : NULL, *front;
 	int err;
 
+	if (!run)
+		run = best_fit(p, &p->free, k, stream, true, &take); /* pending runs usable on `stream` too */
 	if (run) {
 		free_unlink(p, run);
 		front = split_front(p, run, take);
@@ -614,14 +668,20 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_r
 		front->ev = NULL;
 		front->stream = NULL;
 		*out = front;
-		return CUVMM_OK;
+		goto found;
 	}
-	if (k > 1 && extend_fit(p, k, stream, out) == CUVMM_OK)
-		return CUVMM_OK;
+	if (k > 1) {
+		err = compose_fit(p, k, stream, out);
+		if (!err)
+			goto found;
+		/* Out of memory for the few granules it lacked: all k elsewhere would not fit either. */
+		if (err == CUVMM_ENOMEM)
+			drop_slack(p);
+	}
 	/* Slack beyond its cap is unmapped by the reclaim pass, without the pool's lock, while the allocating
-	 * thread only creates. When the pass falls behind (the cap and 64 MiB more), the allocating thread
-	 * moves slack itself: an unmap and a map cost about what a create and a
-	 * map do, and held stays where it was. */
+	 * thread only maps. When the pass falls behind (the cap and 64 MiB more), the allocating thread
+	 * moves slack itself: an unmap and a map cost about what a create and a map do, and held stays where
+	 * it was. */
 	cap = slack_cap_after(p, gbytes(p, k));
 	if (p->free_bytes > cap && steal_slack(p, cap) && p->free_bytes > cap + ((size_t)64 << 20)) {
 		/* What is left waits only for a device synchronisation (memory freed without a stream): do it
@@ -636,7 +696,12 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_r
 		drop_slack(p);
 		err = map_fresh(p, k, out);
 	}
-	return err;
+	if (err)
+		return err;
+found:
+	if (ring)
+		p->rover = (*out)->start + (*out)->len;
+	return CUVMM_OK;
 }
 
 /* ----- small allocations ----- */
@@ -671,7 +736,7 @@ static int slab_new(struct cuvmm_pool *p, unsigned cls, struct cvm_slab **out)
 	if (!s)
 		return CUVMM_ENOMEM;
 	/* A slab serves every stream: its granule must not be pending on any (hence no stream here). */
-	err = get_run(p, 1, NULL, &run);
+	err = get_run(p, 1, NULL, false, &run);
 	if (err) {
 		free(s);
 		return err;
@@ -872,7 +937,9 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	snprintf(p->name, sizeof(p->name), "%s", cfg->name ? cfg->name : "pool");
 	p->edge = calloc(p->r.npages, sizeof(*p->edge));
 	va = calloc(1, sizeof(*va));
-	if (!p->edge || !va) {
+	if (!p->edge || !va || cvm_seg_init(&p->vseg, p->r.npages) || cvm_seg_init(&p->fseg, p->r.npages)) {
+		cvm_seg_fini(&p->vseg);
+		cvm_seg_fini(&p->fseg);
 		free(va);
 		free(p->edge);
 		cvm_region_fini(&p->r);
@@ -929,6 +996,8 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 	/* Whatever was freed without a stream may still be in use by the GPU until the device is idle. */
 	cvm_drv_device_sync(CVM_DRV(p->r.dev), p->r.dev->index);
 	cvm_region_fini(&p->r);
+	cvm_seg_fini(&p->vseg);
+	cvm_seg_fini(&p->fseg);
 	free(p->edge);
 	free(p);
 }
@@ -955,7 +1024,7 @@ static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 		goto out;
 	}
 	k = (bytes + p->r.gran - 1) >> p->r.gshift;
-	err = get_run(p, k, stream, &run);
+	err = get_run(p, k, stream, true, &run);
 	if (err)
 		goto out;
 	run->kind = CVM_RUN_USED;

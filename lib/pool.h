@@ -20,6 +20,7 @@
 #define CVM_POOL_H
 
 #include "region.h"
+#include "seg.h"
 
 enum cvm_run_kind { CVM_RUN_VA = 0, CVM_RUN_FREE, CVM_RUN_USED, CVM_RUN_SLAB, CVM_RUN_GOING };
 
@@ -55,6 +56,8 @@ struct cuvmm_pool {
 	char name[32];
 	struct cvm_run **edge;         /* per granule: the run it starts or ends, else NULL */
 	struct cvm_run_bins va, free;
+	struct cvm_seg vseg, fseg;     /* VA runs, settled FREE runs: length at their start, for first fit */
+	size_t rover;                  /* next fit resumes here: the granule after the last large allocation */
 	struct cvm_run age;            /* settled FREE runs, oldest first (sentinel) */
 	struct cvm_run pend;           /* FREE runs with an event pending (sentinel) */
 	size_t free_bytes;             /* bytes in FREE runs */

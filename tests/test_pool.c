@@ -17,6 +17,7 @@
 #include "common.h"
 #include "drv.h" /* cvm_host_gate_close/open */
 #include "gpu.h"
+#include "seg.h" /* the first-fit index, tested directly */
 
 #define SENTINEL ((void *)(uintptr_t)0x5e5e5e00)
 #define DEFAULT_SEED 20261202u
@@ -2238,6 +2239,209 @@ START_TEST(test_gpu_free_while_running)
 }
 END_TEST
 
+/* =====================================================================================================
+ * Placement: the first-fit index, next fit, compose
+ * ===================================================================================================== */
+
+/* cvm_seg_first against a linear scan, over random updates and queries (sizes that are not powers of two). */
+START_TEST(test_seg_first)
+{
+	static const size_t counts[] = {1, 2, 3, 5, 64, 1000, 4097};
+	uint64_t seed = DEFAULT_SEED;
+
+	for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+		size_t n = counts[c];
+		uint32_t *ref = calloc(n, sizeof(*ref));
+		struct cvm_seg s;
+
+		ck_assert_ptr_nonnull(ref);
+		ck_assert_int_eq(cvm_seg_init(&s, n), CUVMM_OK);
+		for (int step = 0; step < 4000; step++) {
+			size_t i = (size_t)(splitmix(&seed) % n), from = (size_t)(splitmix(&seed) % (n + 2)), want = CVM_SEG_NONE;
+			uint32_t v = splitmix(&seed) % 3 ? (uint32_t)(splitmix(&seed) % 40) : 0;
+			uint32_t min = 1 + (uint32_t)(splitmix(&seed) % 40);
+
+			cvm_seg_set(&s, i, v);
+			ref[i] = v;
+			for (size_t j = from; j < n; j++)
+				if (ref[j] >= min) {
+					want = j;
+					break;
+				}
+			ck_assert_msg(cvm_seg_first(&s, from, min) == want, "n %zu step %d: first(%zu, %u) = %zu, want %zu",
+				      n, step, from, min, cvm_seg_first(&s, from, min), want);
+		}
+		cvm_seg_fini(&s);
+		free(ref);
+	}
+	{
+		struct cvm_seg s;
+
+		ck_assert_int_eq(cvm_seg_init(&s, 0), CUVMM_EINVAL);
+	}
+}
+END_TEST
+
+/*
+ * Next fit: a large allocation takes the first free run after the previous one, wrapping around, not the
+ * best fitting one; memory freed behind the sweep waits for it to come round. No driver call on the way.
+ */
+START_TEST(test_next_fit)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	void *a, *b, *c, *d, *x, *y, *z;
+	uint64_t maps;
+
+	ck_assert_int_eq(cuvmm_malloc(pool, 8 * g, &a), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &b), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &c), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &d), CUVMM_OK);
+	/* Fresh memory is packed from the start of the range. */
+	ck_assert_ptr_eq(b, (char *)a + 8 * g);
+	ck_assert_ptr_eq(c, (char *)b + 4 * g);
+	ck_assert_ptr_eq(d, (char *)c + 4 * g);
+	ck_assert_int_eq(cuvmm_free(pool, a), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, c), CUVMM_OK);
+	maps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP);
+	/* Nothing free after d: wrap to the start. a's run is first, although c's fits exactly. */
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &x), CUVMM_OK);
+	ck_assert_ptr_eq(x, a);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &y), CUVMM_OK);
+	ck_assert_ptr_eq(y, (char *)a + 4 * g);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &z), CUVMM_OK);
+	ck_assert_ptr_eq(z, c);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP), maps);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 20 * g);
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 20 * g);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(cuvmm_free(pool, (void *[]){b, d, x, y}[i]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, z), CUVMM_OK);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * Three free runs with address space beside them, each too short for the allocation: after, before, and
+ * (the tail) after. The pool maps only what the run lacks, next to it, keeps the run's contents in place,
+ * and makes no other driver call. `fault` set: the map fails there instead, and nothing changes.
+ */
+struct compose_case {
+	void *run;     /* the free run that will be extended */
+	size_t m, k;   /* its granules, the allocation's */
+	void *want;    /* where the allocation must land */
+};
+
+/* Build: [va 2][free 4 = r][used 4 = u]...: r has address space before it only. Returns u. */
+static void *compose_before(struct cuvmm_pool *pool, size_t g, struct compose_case *cc)
+{
+	void *h, *r, *u;
+
+	ck_assert_int_eq(cuvmm_malloc(pool, 2 * g, &h), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &r), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &u), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, h), CUVMM_OK);
+	trim_ok(pool, 0); /* h's granules go back to address space */
+	ck_assert_int_eq(pat_fill(r, 4 * g, 0xc0), 0);
+	ck_assert_int_eq(cuvmm_free(pool, r), CUVMM_OK);
+	*cc = (struct compose_case){.run = r, .m = 4, .k = 6, .want = (char *)r - 2 * g};
+	return u;
+}
+
+START_TEST(test_compose)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+	struct compose_case cc;
+	void *u, *x, *t;
+	uint64_t maps, creates;
+
+	/* Before: the run is extended downwards; the allocation starts in the address space before it. */
+	u = compose_before(pool, g, &cc);
+	maps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP);
+	ck_assert_int_eq(cuvmm_malloc(pool, cc.k * g, &x), CUVMM_OK);
+	ck_assert_ptr_eq(x, cc.want);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP) - maps, cc.k - cc.m); /* 2 MiB chunks */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, (cc.k + 4) * g);
+	ck_assert_uint_eq(pat_bad(cc.run, cc.m * g, 0xc0), 0); /* the run's memory stayed where it was */
+	ck_assert_int_eq(pat_fill(x, cc.k * g, 0xc1), 0);
+	ck_assert_uint_eq(pat_bad(x, cc.k * g, 0xc1), 0);
+	tc_assert_os_matches(ctx);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, u), CUVMM_OK);
+	trim_ok(pool, 0);
+
+	/* After: the run at the end of the pool's memory grows into the address space behind it (the way the
+	 * pool grows, and the torch.cat pattern: the next buffer is one granule larger). */
+	ck_assert_int_eq(cuvmm_malloc(pool, 3 * g, &t), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, t), CUVMM_OK);
+	maps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP);
+	creates = cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE);
+	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &x), CUVMM_OK);
+	ck_assert_ptr_eq(x, t);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP) - maps, 1);
+	ck_assert_uint_le(cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE) - creates, 1);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * g);
+	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Each driver call of compose failing (CREATE, MAP, SET_ACCESS; not out of memory): a clean error, the free
+ * run and its neighbours unchanged, and the next allocation composes as if nothing had happened. */
+START_TEST(test_fault_compose)
+{
+	static const enum cuvmm_call calls[] = {CUVMM_CALL_CREATE, CUVMM_CALL_MAP, CUVMM_CALL_SET_ACCESS};
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx);
+
+	for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++) {
+		for (unsigned skip = 0; skip < (calls[c] == CUVMM_CALL_SET_ACCESS ? 1u : 2u); skip++) {
+			struct compose_case cc;
+			struct snap before, after;
+			char what[96];
+			void *u, *x = SENTINEL;
+			uint64_t n0;
+			int err;
+
+			snprintf(what, sizeof(what), "compose with %s failing after %u calls", call_name(calls[c]), skip);
+			u = compose_before(pool, g, &cc);
+			before = snap_of(ctx, pool);
+			n0 = cuvmm_ctx_call_count(ctx, calls[c]);
+			inject(ctx, calls[c], skip, UINT32_MAX, CUVMM_EDRIVER);
+			err = cuvmm_malloc(pool, cc.k * g, &x);
+			inject(ctx, calls[c], 0, 0, CUVMM_EDRIVER);
+			ck_assert_msg(err == CUVMM_EDRIVER, "%s: returned %s", what, cuvmm_err_name(err));
+			ck_assert_msg(x == SENTINEL, "%s: *ptr was written", what);
+			ck_assert_msg(cuvmm_ctx_call_count(ctx, calls[c]) > n0 + skip, "%s: the call was not reached", what);
+			after = snap_of(ctx, pool);
+			assert_pool_same(&before, &after, what);
+			ck_assert_msg(pat_bad(cc.run, cc.m * g, 0xc0) == 0, "%s: the free run lost its contents", what);
+			/* Unchanged means the same allocation now composes exactly as in test_compose. */
+			ck_assert_int_eq(cuvmm_malloc(pool, cc.k * g, &x), CUVMM_OK);
+			ck_assert_msg(x == cc.want, "%s: the retry landed at %p, not %p", what, x, cc.want);
+			ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
+			ck_assert_int_eq(cuvmm_free(pool, u), CUVMM_OK);
+			trim_ok(pool, 0);
+			ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+			tc_assert_os_matches(ctx);
+		}
+	}
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ----- suite ----- */
 
 static TCase *new_tcase(Suite *s, const char *name)
@@ -2268,6 +2472,12 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_fault_device_sync);
 	tcase_add_test(tc, test_fault_unmap);
 	tcase_add_test(tc, test_fault_release);
+	tcase_add_test(tc, test_fault_compose);
+
+	tc = new_tcase(s, "placement");
+	tcase_add_test(tc, test_seg_first);
+	tcase_add_test(tc, test_next_fit);
+	tcase_add_test(tc, test_compose);
 
 	tc = new_tcase(s, "input");
 	tcase_add_test(tc, test_bad_input);
