@@ -205,6 +205,17 @@ int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out)
 	return err;
 }
 
+uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks)
+{
+	uint64_t calls = atomic_load(&dev->cnt.create_calls) + atomic_load(&dev->cnt.release_calls) +
+			 atomic_load(&dev->cnt.map_calls) + atomic_load(&dev->cnt.unmap_calls);
+	uint64_t per_call = calls ? atomic_load(&dev->cnt.driver_ns) / calls : 25000, max = cvm_ctx_max_lead(dev->ctx);
+
+	if (!chunks || !max)
+		return 0;
+	return chunks > max / (2 * per_call + 1) ? max : chunks * 2 * per_call;
+}
+
 int cvm_dev_sync_epoch(struct cvm_dev *dev)
 {
 	uint64_t e = atomic_fetch_add(&dev->epoch, 1) + 1;

@@ -97,6 +97,7 @@ static void cache_insert(struct cvm_phys *p, struct cvm_chunk *c)
 	ah->aprev->anext = c;
 	ah->aprev = c;
 	p->cached += c->size;
+	p->ncached++;
 }
 
 static void cache_remove(struct cvm_phys *p, struct cvm_chunk *c)
@@ -107,6 +108,7 @@ static void cache_remove(struct cvm_phys *p, struct cvm_chunk *c)
 	c->anext->aprev = c->aprev;
 	c->cnext = c->cprev = c->anext = c->aprev = NULL;
 	p->cached -= c->size;
+	p->ncached--;
 }
 
 int cvm_phys_init(struct cvm_phys *p, struct cvm_dev *dev)
@@ -273,14 +275,14 @@ void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c)
 	if (ctx->delay_ns == 0)
 		cvm_phys_reclaim(p, now, true, ctx->cfg.retain_bytes);
 	else if (ctx->delay_ns != UINT64_MAX)
-		cvm_ctx_kick(ctx, now + ctx->delay_ns);
+		cvm_ctx_kick(ctx, now + ctx->delay_ns - cvm_ctx_max_lead(ctx));
 }
 
 uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t keep_bytes)
 {
 	struct cuvmm_ctx *ctx = p->dev->ctx;
 	struct cvm_chunk *chain = NULL, *c;
-	uint64_t next = UINT64_MAX;
+	uint64_t next = UINT64_MAX, lead;
 
 	if (force) {
 		pthread_mutex_lock(&p->lock);
@@ -293,10 +295,11 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 			return UINT64_MAX;
 		}
 	}
-	/* Oldest first; the most recently freed keep_bytes stay. */
+	/* Oldest first; the most recently freed keep_bytes stay. Released early enough to be done on time. */
+	lead = force ? 0 : cvm_dev_release_lead(p->dev, p->ncached);
 	while ((c = p->age.anext) != &p->age && p->cached - c->size >= keep_bytes) {
-		if (!force && cvm_elapsed(now, c->freed_ns) < ctx->delay_ns) {
-			next = c->freed_ns + ctx->delay_ns;
+		if (!force && cvm_elapsed(now, c->freed_ns) + lead < ctx->delay_ns) {
+			next = c->freed_ns + ctx->delay_ns - lead;
 			break;
 		}
 		cache_remove(p, c);

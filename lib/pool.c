@@ -320,7 +320,7 @@ static struct cvm_run *best_fit(struct cuvmm_pool *p, struct cvm_run_bins *bs, s
 }
 
 /*
- * Next fit: the first settled FREE run at or after the rover (wrapping around once) that can serve k
+ * Next fit: the first settled FREE run starting at or after the rover (wrapping around once) that can serve k
  * granules, with the granules it would take in *take. Allocations then sweep the pool's memory in address
  * order, and memory freed behind the sweep joins its neighbours into long runs before the sweep comes
  * back to it: on the KV trace this holds about 2-10% less than best fit, with no driver call
@@ -452,14 +452,16 @@ static void fp_add(struct cuvmm_pool *p, size_t granules, bool add)
 }
 
 /*
- * Chunk class for a fresh allocation of k granules. Measured on the KV trace (doc/performance.md): larger
- * handles cost fewer driver calls, but their alignment leaves holes in the address space that keep free
- * runs from coalescing, and FREE runs of large chunks can be cut only near chunk boundaries; both raised
- * held/live. So 2 MiB handles below 256 granules (512 MiB); above, handles of k/16 granules (up to
- * 128 MiB), where an allocation is large enough for the driver's per-handle cost to dominate.
+ * Chunk class for a fresh allocation of k granules. Larger handles cost fewer driver calls, but FREE runs of
+ * large chunks can be cut only near chunk boundaries, so memory freed by a large allocation serves smaller
+ * ones poorly; and their alignment leaves holes in the address space that keep free runs from coalescing.
+ * Measured on the KV trace (doc/performance.md), whose largest buffers are 768 MiB: with large handles from
+ * 512 MiB up, peak held / peak live over six seeds was 1.07-1.27; from 1 GiB up (none in the trace),
+ * 1.03-1.14. So 2 MiB handles below 512 granules (1 GiB); above, handles of k/16 granules (up to 128 MiB),
+ * where an allocation is large enough for the driver's per-handle cost to dominate (weights).
  */
 #define CVM_POOL_MAX_CLS 6
-#define CVM_POOL_BIG 256
+#define CVM_POOL_BIG 512
 
 static unsigned fresh_cls(size_t k)
 {
@@ -643,7 +645,8 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 
 /*
  * A run of k granules for a large allocation or a slab (`ring` false: best fit, so that slabs fill the
- * small holes), from FREE memory if possible; the rover moves past it.
+ * small holes), from FREE memory if possible. The rover moves to its start: the next search begins there,
+ * so memory freed right there (a request that finished) is found without a lap of the pool.
  */
 static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, struct cvm_run **out)
 {
@@ -700,7 +703,7 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, s
 		return err;
 found:
 	if (ring)
-		p->rover = (*out)->start + (*out)->len;
+		p->rover = (*out)->start;
 	return CUVMM_OK;
 }
 
@@ -1129,7 +1132,7 @@ out:
 	if (kick)
 		cvm_ctx_kick(p->r.ctx, cvm_now_ns());
 	else if (!err && p->r.ctx->delay_ns != UINT64_MAX)
-		cvm_ctx_kick(p->r.ctx, cvm_now_ns() + p->r.ctx->delay_ns);
+		cvm_ctx_kick(p->r.ctx, cvm_now_ns() + p->r.ctx->delay_ns - cvm_ctx_max_lead(p->r.ctx));
 	cvm_ctx_poll(p->r.ctx);
 	return err;
 }
@@ -1239,7 +1242,7 @@ static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, s
 {
 	struct cuvmm_ctx *ctx = p->r.ctx;
 	struct cvm_run *run, *next;
-	uint64_t deadline = UINT64_MAX;
+	uint64_t deadline = UINT64_MAX, lead;
 	bool want_sync = false, synced = false;
 	struct cvm_run *going = NULL;
 	size_t cap, batch = 0;
@@ -1258,15 +1261,17 @@ again:
 		dq_drain(p, INT32_MAX);
 	settle_pending(p, INT32_MAX);
 	cap = slack_cap(p);
+	/* Runs are due early enough for their unmaps and releases to be done when the delay is up. */
+	lead = force ? 0 : cvm_dev_release_lead(p->r.dev, p->free_bytes >> p->r.gshift);
 	for (run = p->age.lnext; run != &p->age; run = next) {
 		next = run->lnext;
 		if (force) {
 			if (p->free_bytes - gbytes(p, run->len) < keep)
 				break;
 		} else if (p->free_bytes <= cap &&
-			   (ctx->delay_ns == UINT64_MAX || cvm_elapsed(now, run->freed_ns) < ctx->delay_ns)) {
+			   (ctx->delay_ns == UINT64_MAX || cvm_elapsed(now, run->freed_ns) + lead < ctx->delay_ns)) {
 			if (ctx->delay_ns != UINT64_MAX)
-				deadline = run->freed_ns + ctx->delay_ns;
+				deadline = run->freed_ns + ctx->delay_ns - lead;
 			break;
 		}
 		if (!cvm_dev_epoch_safe(p->r.dev, run->epoch)) {
@@ -1280,7 +1285,8 @@ again:
 			 * chunks are unmapped below without the lock. In batches: while a batch is unmapped, an
 			 * allocation cannot reuse its chunks and creates new ones, so held briefly counts both;
 			 * a small batch keeps that overlap small, and the pass comes straight back for more. */
-			bool expired = ctx->delay_ns != UINT64_MAX && cvm_elapsed(now, run->freed_ns) >= ctx->delay_ns;
+			bool expired = ctx->delay_ns != UINT64_MAX &&
+				       cvm_elapsed(now, run->freed_ns) + lead >= ctx->delay_ns;
 
 			/* (Idle memory needs no small batches: nothing allocates meanwhile.) */
 			if (!expired) {

@@ -57,7 +57,7 @@ struct cuvmm_pool {
 	struct cvm_run **edge;         /* per granule: the run it starts or ends, else NULL */
 	struct cvm_run_bins va, free;
 	struct cvm_seg vseg, fseg;     /* VA runs, settled FREE runs: length at their start, for first fit */
-	size_t rover;                  /* next fit resumes here: the granule after the last large allocation */
+	size_t rover;                  /* next fit resumes here: the first granule of the last large allocation */
 	struct cvm_run age;            /* settled FREE runs, oldest first (sentinel) */
 	struct cvm_run pend;           /* FREE runs with an event pending (sentinel) */
 	size_t free_bytes;             /* bytes in FREE runs */
