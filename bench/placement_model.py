@@ -46,7 +46,7 @@ class Heap:
     def __init__(s, fit, compose, cap, n=1 << 20):
         s.starts, s.run, s.free_set = [0], {0: [n, VA, 0]}, set()
         s.fit, s.compose, s.cap = fit, compose, cap
-        s.rover_mode = 'end'
+        s.rover_mode = 'start'  # as the library: the next search starts at the last allocation
         s.held = s.free = s.maps = s.unmaps = s.t = s.peak = s.fp = s.peakfp = s.rover = 0
 
     def _set(s, st, ln, state, t=0):
@@ -138,12 +138,7 @@ class Heap:
                     s._set(a + k, vl - k, VA)
                 s._set(a, k, USED)
             s.maps += lack; s.held += lack; s.peak = max(s.peak, s.held)
-        if s.rover_mode == 'end':
-            s.rover = a + k
-        elif s.rover_mode == 'start':
-            s.rover = a
-        elif b is not None:
-            s.rover = b
+        s.rover = a + k if s.rover_mode == 'end' else a
         s.fp += k; s.peakfp = max(s.peakfp, s.fp)
         return a
 

@@ -352,7 +352,7 @@ CUVMM_API int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out
  * A pool reserves address space once and hands out device memory from it. Physical memory is held only
  * where live allocations sit, plus free memory kept mapped for fast reuse (the slack); the slack is given
  * back once it has been free for release_delay_ms, and earlier where keeping it would raise held more than
- * 1/32 above the pool's recent peak footprint. Allocations of up to a quarter of the granularity (512 KiB
+ * a quarter above the pool's recent peak footprint. Allocations of up to a quarter of the granularity (512 KiB
  * on current GPUs) share granules (size classes with four steps per doubling); larger ones take whole
  * granules of their own, and an allocation may hold up to max(1, k/16) granules beyond its k, where it
  * reuses memory mapped with large handles.

@@ -8,10 +8,11 @@
  *   SLAB  one granule cut into equal slots for small allocations of one size class;
  *   GOING FREE memory the reclaim pass is unmapping right now, without the pool's lock.
  * Runs carry boundary tags (edge[] at their first and last granule) so that neighbours coalesce in O(1);
- * VA and FREE runs sit in size bins for best fit. Allocation takes FREE memory first (no driver call),
- * and maps VA only when no FREE run fits. FREE memory goes back to VA (unmapped) when it has been free for
- * release_delay_ms, or at once when the slack exceeds a small fraction of the recent peak of live bytes,
- * always by the reclaim pass (background thread), never on the allocating thread.
+ * VA and FREE runs sit in size bins (best fit) and in segment trees (first fit from an address, seg.h).
+ * Allocation takes FREE memory first (next fit from the rover, no driver call), then extends a FREE run
+ * into the address space beside it, and maps fresh VA last. FREE memory goes back to VA (unmapped) when
+ * it has been free for release_delay_ms, or early when the slack exceeds a quarter of the recent peak
+ * footprint, by the reclaim pass with the pool's lock dropped (doc/design.md, "Pools").
  *
  * Frees without a stream are fenced device-wide (epoch tags, see ctx.h); frees on a stream carry an
  * event and are reusable at once on that stream, on others once the event has completed.
