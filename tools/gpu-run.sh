@@ -38,6 +38,8 @@ for s in $stages; do
 			"$B/bench/trace" --csv="$OUT/trace.csv" --summary-csv="$OUT/trace-summary.csv" --quiet
 			echo "== return test in 1 GiB pieces (weights-sized allocations)"
 			"$B/bench/trace" --allocators=cuvmm --requests=1 --return-piece-bytes=1g --quiet | grep -A4 "Return test"
+			echo "== driver calls from several threads"
+			"$B/bench/driver_threads"
 		} >"$OUT/bench.log" 2>&1
 		tail -30 "$OUT/bench.log"
 		;;
