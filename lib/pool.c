@@ -473,6 +473,14 @@ static unsigned fresh_cls(size_t k)
 	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
 }
 
+/* Chunk class for an allocation of k granules remapped at wake (cuvmm_pool_sleep): k/16 granules. */
+static unsigned sleep_cls(size_t k)
+{
+	unsigned cls = 63 - (unsigned)__builtin_clzll(k / 16);
+
+	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
+}
+
 /* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
  * returns the new run (edges set, in no index). */
 static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
@@ -1430,6 +1438,17 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		goto out;
 	}
 	err = cvm_region_sleep_locked(&p->r, mode, stream);
+	if (!err) {
+		/* A pool that sleeps holds weights, or something as long-lived: the wake maps each allocation
+		 * with handles of k/16 granules (up to 128 MiB), so that it and every later sleep make a sixteenth
+		 * of the driver calls. Run boundaries stay chunk boundaries: the memory, once freed, is reused
+		 * under the cut rule like any large-handle memory. */
+		for (size_t g = 0; g < p->r.npages; g += p->edge[g]->len) {
+			run = p->edge[g];
+			if (run->kind == CVM_RUN_USED && run->len >= 32)
+				cvm_sleep_coarsen(&p->r, run->start, run->len, sleep_cls(run->len));
+		}
+	}
 out:
 	pthread_mutex_unlock(&p->r.lock);
 	if (!err)

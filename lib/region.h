@@ -40,6 +40,13 @@ struct cvm_sleep; /* sleep.c */
  * granule is PENDING or DONE. */
 int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
 int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream);
+/*
+ * While asleep: let the wake map granules [first, first + n) with chunks of up to 2^max_cls slots (aligned,
+ * inside the range) instead of the chunks they had. The range must be wholly mapped in the record; the
+ * contents are unaffected (the host copy is in address order either way). For a pool's allocations, whose
+ * boundaries are all the chunk boundaries it needs: fewer handles for the wake and for every later sleep.
+ */
+void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
 /* Give back the pinned buffer kept for the next sleep (trim, destroy). */
 void cvm_region_host_drop(struct cuvmm_region *r);
 /* Free a sleeping region's record and host copy (destroy of a sleeping object). */

@@ -236,6 +236,56 @@ undo:
 	return err;
 }
 
+void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls)
+{
+	struct cvm_sleep *s = r->sleep;
+	size_t lo = 0, hi, g, m = 0, end = first + n;
+
+	if (!s || !n)
+		return;
+	if (max_cls > (unsigned)CVM_NCLASS - 1 - r->cls0)
+		max_cls = (unsigned)CVM_NCLASS - 1 - r->cls0;
+	for (size_t step = s->nchunks; step;) { /* lower bound: first chunk at or after `first` */
+		size_t half = step / 2;
+
+		if (s->chunks[lo + half].g < first) {
+			lo += half + 1;
+			step -= half + 1;
+		} else {
+			step = half;
+		}
+	}
+	/* The range must be exactly the chunks from lo on, back to back. */
+	for (hi = lo, g = first; hi < s->nchunks && s->chunks[hi].g < end; hi++) {
+		if (s->chunks[hi].g != g)
+			return;
+		g += (size_t)1 << (s->chunks[hi].cls - r->cls0);
+	}
+	if (g != end)
+		return;
+	/* Largest aligned chunks that fit, from the start. */
+	for (g = first; g < end; m++) {
+		unsigned c = max_cls;
+
+		while (c > 0 && ((g & (((size_t)1 << c) - 1)) || g + ((size_t)1 << c) > end))
+			c--;
+		g += (size_t)1 << c;
+	}
+	if (m >= hi - lo)
+		return; /* no fewer handles */
+	for (g = first, m = lo; g < end; m++) {
+		unsigned c = max_cls;
+
+		while (c > 0 && ((g & (((size_t)1 << c) - 1)) || g + ((size_t)1 << c) > end))
+			c--;
+		s->chunks[m].g = g;
+		s->chunks[m].cls = (uint8_t)(r->cls0 + c);
+		g += (size_t)1 << c;
+	}
+	memmove(&s->chunks[m], &s->chunks[hi], (s->nchunks - hi) * sizeof(*s->chunks));
+	s->nchunks -= hi - m;
+}
+
 void cvm_region_host_drop(struct cuvmm_region *r)
 {
 	if (r->host_keep)

@@ -617,6 +617,75 @@ START_TEST(test_pool_sleep_wake)
 }
 END_TEST
 
+/*
+ * A pool's wake maps each large allocation with handles of k/16 granules instead of the 2 MiB ones it had:
+ * a 64-granule allocation at granule 0 comes back as 16 chunks of 4, its contents intact, and the next
+ * sleep unmaps and releases 16 handles instead of 64. The coarse memory is reused like any large-handle
+ * memory once freed, and trim gives all of it back.
+ */
+START_TEST(test_pool_wake_coarsens)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_pool *p = pool_new(ctx);
+	struct cuvmm_region *r = NULL;
+	size_t g, k = 64;
+	void *a, *small, *again;
+	uint64_t maps, unmaps, releases;
+
+	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 1, &r), CUVMM_OK); /* the granularity, as a region reports it */
+	g = cuvmm_region_granularity(r);
+	cuvmm_region_destroy(r);
+
+	ck_assert_int_eq(cuvmm_malloc(p, k * g, &a), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(p, 1000, &small), CUVMM_OK);
+	ck_assert_int_eq(tc_fill(a, k * g / 4, 0xa11), 0);
+	ck_assert_int_eq(tc_fill(small, 1000 / 4, 0x5a1), 0);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP), k + 1); /* 2 MiB handles below 1 GiB */
+
+	for (int cycle = 0; cycle < 2; cycle++) {
+		unmaps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP);
+		releases = cuvmm_ctx_call_count(ctx, CUVMM_CALL_RELEASE);
+		ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+		ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP) - unmaps, cycle ? k / 4 + 1 : k + 1);
+		ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_RELEASE) - releases, cycle ? k / 4 + 1 : k + 1);
+		ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+		if (cycle == 0) {
+			/* A coarse chunk that fails to map: the wake undoes what it mapped and the pool stays asleep. */
+			void *q = NULL;
+
+			ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 3, 1, CUVMM_EDRIVER), CUVMM_OK);
+			ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_EDRIVER);
+			ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+			ck_assert_uint_eq(pool_st(p).mapped_bytes, 0);
+			ck_assert_int_eq(cuvmm_malloc(p, 4096, &q), CUVMM_ESTATE);
+			tc_assert_os_matches(ctx);
+		}
+		maps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP);
+		ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+		ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP) - maps, k / 4 + 1);
+		ck_assert_uint_eq(tc_check(a, k * g / 4, 0xa11), 0);
+		ck_assert_uint_eq(tc_check(small, 1000 / 4, 0x5a1), 0);
+		ck_assert_uint_eq(pool_st(p).mapped_bytes, (k + 1) * g);
+		tc_assert_os_matches(ctx);
+	}
+	/* Freed, the coarse run serves the same size again without a driver call. */
+	ck_assert_int_eq(cuvmm_free(p, a), CUVMM_OK);
+	maps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP);
+	ck_assert_int_eq(cuvmm_malloc(p, k * g, &again), CUVMM_OK);
+	ck_assert_ptr_eq(again, a);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP), maps);
+	ck_assert_int_eq(tc_fill(again, k * g / 4, 0xb22), 0);
+	ck_assert_uint_eq(tc_check(again, k * g / 4, 0xb22), 0);
+	ck_assert_int_eq(cuvmm_free(p, again), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(p, small), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(p);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* cuvmm_pool_trim on a sleeping pool: cuvmm.h, "While an object sleeps, calls on it other than wake, stats and
  * destroy fail with CUVMM_ESTATE". */
 START_TEST(test_pool_trim_asleep)
@@ -1026,6 +1095,7 @@ static Suite *sleep_suite(void)
 	tcase_add_checked_fixture(tc, NULL, teardown);
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_loop_test(tc, test_pool_sleep_wake, 0, 2);
+	tcase_add_test(tc, test_pool_wake_coarsens);
 	tcase_add_test(tc, test_pool_trim_asleep);
 	tcase_add_test(tc, test_pool_destroy_asleep);
 	suite_add_tcase(s, tc);
