@@ -1439,10 +1439,10 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 	}
 	err = cvm_region_sleep_locked(&p->r, mode, stream);
 	if (!err) {
-		/* A pool that sleeps holds weights, or something as long-lived: the wake maps each allocation
-		 * with handles of k/16 granules (up to 128 MiB), so that it and every later sleep make a sixteenth
-		 * of the driver calls. Run boundaries stay chunk boundaries: the memory, once freed, is reused
-		 * under the cut rule like any large-handle memory. */
+		/* A pool that sleeps holds weights, or something as long-lived: the wake maps each allocation of
+		 * 32 granules or more with handles of about k/16 granules (a power of two, up to 128 MiB), 16 to
+		 * 32 per allocation instead of k, for the wake and every later sleep. Run boundaries stay chunk
+		 * boundaries: the memory, once freed, is reused under the cut rule like any large-handle memory. */
 		for (size_t g = 0; g < p->r.npages; g += p->edge[g]->len) {
 			run = p->edge[g];
 			if (run->kind == CVM_RUN_USED && run->len >= 32)
