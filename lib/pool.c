@@ -577,6 +577,56 @@ static bool steal_slack(struct cuvmm_pool *p, size_t cap)
  * bins first). This is how the memory grows at the end of the sweep, and the torch.cat pattern's case:
  * the next buffer of a request is one granule larger than a buffer just freed.
  */
+/* Extend FREE run `run` to k granules with the granules it lacks from VA run `va` beside it (after it, or
+ * before), mapped now; *out is the run of k granules. On failure nothing has changed. */
+static int compose_map(struct cuvmm_pool *p, struct cvm_run *run, struct cvm_run *va, bool after, size_t k,
+		       struct cvm_run **out)
+{
+	size_t lack = k - run->len;
+	struct cvm_run *piece;
+	int err;
+
+	bin_remove(p, va);
+	if (after) {
+		piece = split_front(p, va, lack);
+	} else {
+		piece = va->len == lack ? va : split_front(p, va, va->len - lack);
+		if (piece && piece != va) {
+			/* split_front returned the part away from the run: swap roles */
+			struct cvm_run *t = piece;
+
+			piece = va;
+			va = t;
+		}
+	}
+	if (!piece) {
+		bin_insert(p, va);
+		return CUVMM_ENOMEM;
+	}
+	if (piece != va)
+		bin_insert(p, va);
+	err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(lack));
+	if (err) {
+		bin_insert(p, piece);
+		coalesce(p, piece);
+		return err;
+	}
+	/* One run of k granules: the FREE run and the piece. */
+	free_unlink(p, run);
+	edges_clear(p, run);
+	edges_clear(p, piece);
+	if (!after)
+		run->start = piece->start;
+	run->len = k;
+	edges_set(p, run);
+	free(piece);
+	cvm_region_event_put_locked(&p->r, run->ev);
+	run->ev = NULL;
+	run->stream = NULL;
+	*out = run;
+	return CUVMM_OK;
+}
+
 static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
 {
 	struct cvm_run *best = NULL, *bva = NULL;
@@ -601,54 +651,7 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 		if (best)
 			break; /* bins hold longer runs than the ones below them */
 	}
-	if (!best)
-		return CUVMM_ENOSPC;
-	{
-		size_t lack = k - best->len;
-		struct cvm_run *va = bva, *piece;
-		int err;
-
-		/* Take the lacking granules out of the VA run, next to the FREE run, and map them. */
-		bin_remove(p, va);
-		if (bafter) {
-			piece = split_front(p, va, lack);
-		} else {
-			piece = va->len == lack ? va : split_front(p, va, va->len - lack);
-			if (piece && piece != va) {
-				/* split_front returned the part away from the run: swap roles */
-				struct cvm_run *t = piece;
-
-				piece = va;
-				va = t;
-			}
-		}
-		if (!piece) {
-			bin_insert(p, va);
-			return CUVMM_ENOMEM;
-		}
-		if (piece != va)
-			bin_insert(p, va);
-		err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(lack));
-		if (err) {
-			bin_insert(p, piece);
-			coalesce(p, piece);
-			return err;
-		}
-		/* One run of k granules: the FREE run and the piece. */
-		free_unlink(p, best);
-		edges_clear(p, best);
-		edges_clear(p, piece);
-		if (!bafter)
-			best->start = piece->start;
-		best->len = k;
-		edges_set(p, best);
-		free(piece);
-		cvm_region_event_put_locked(&p->r, best->ev);
-		best->ev = NULL;
-		best->stream = NULL;
-		*out = best;
-		return CUVMM_OK;
-	}
+	return best ? compose_map(p, best, bva, bafter, k, out) : CUVMM_ENOSPC;
 }
 
 /*
