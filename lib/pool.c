@@ -62,45 +62,48 @@ static unsigned bin_of(size_t len)
 	return b < CVM_NBINS ? b : CVM_NBINS - 1;
 }
 
-static struct cvm_run_bins *bins_of(struct cuvmm_pool *p, struct cvm_run *run)
-{
-	return run->kind == CVM_RUN_VA ? &p->va : &p->free;
-}
-
+/*
+ * Index a VA or FREE run: VA runs in the VA segment tree (first fit from an address: map_fresh); FREE runs
+ * in the size bins (best fit: slabs, runs pending on a stream) and, once settled, in the FREE segment tree
+ * (next fit).
+ */
 static void bin_insert(struct cuvmm_pool *p, struct cvm_run *run)
 {
-	struct cvm_run_bins *bs = bins_of(p, run);
 	unsigned b = bin_of(run->len);
 
+	if (run->kind == CVM_RUN_VA) {
+		cvm_seg_set(&p->vseg, run->start, (uint32_t)run->len);
+		return;
+	}
 	run->bin = (uint8_t)b;
 	run->bprev = NULL;
-	run->bnext = bs->head[b];
+	run->bnext = p->free.head[b];
 	if (run->bnext)
 		run->bnext->bprev = run;
-	bs->head[b] = run;
-	bs->nonempty[b / 64] |= (uint64_t)1 << (b % 64);
-	/* First-fit indexes: VA runs, and FREE runs that any allocation may take (settled). */
-	if (run->kind == CVM_RUN_VA)
-		cvm_seg_set(&p->vseg, run->start, (uint32_t)run->len);
-	else if (!run->ev)
+	p->free.head[b] = run;
+	p->free.nonempty[b / 64] |= (uint64_t)1 << (b % 64);
+	if (!run->ev)
 		cvm_seg_set(&p->fseg, run->start, (uint32_t)run->len);
 }
 
 static void bin_remove(struct cuvmm_pool *p, struct cvm_run *run)
 {
-	struct cvm_run_bins *bs = bins_of(p, run);
 	unsigned b = run->bin;
 
+	if (run->kind == CVM_RUN_VA) {
+		cvm_seg_set(&p->vseg, run->start, 0);
+		return;
+	}
 	if (run->bprev)
 		run->bprev->bnext = run->bnext;
 	else
-		bs->head[b] = run->bnext;
+		p->free.head[b] = run->bnext;
 	if (run->bnext)
 		run->bnext->bprev = run->bprev;
-	if (!bs->head[b])
-		bs->nonempty[b / 64] &= ~((uint64_t)1 << (b % 64));
+	if (!p->free.head[b])
+		p->free.nonempty[b / 64] &= ~((uint64_t)1 << (b % 64));
 	run->bnext = run->bprev = NULL;
-	cvm_seg_set(run->kind == CVM_RUN_VA ? &p->vseg : &p->fseg, run->start, 0);
+	cvm_seg_set(&p->fseg, run->start, 0);
 }
 
 static void list_init(struct cvm_run *h)
@@ -270,13 +273,13 @@ static size_t cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k)
 }
 
 /*
- * Best fit: the run of `bs` that serves k granules with the fewest granules left over, with the granules it
- * would take in *take. For FREE runs also: usable on `stream` now, and cut at a chunk boundary. Bounded
- * scans keep it O(1) in practice: exact bins hold equal lengths, and any run of a higher bin fits.
+ * Best fit: the FREE run that serves k granules with the fewest granules left over, usable on `stream` now
+ * and cut at a chunk boundary, with the granules it would take in *take. Bounded scans keep it O(1) in
+ * practice: exact bins hold equal lengths, and any run of a higher bin fits.
  */
-static struct cvm_run *best_fit(struct cuvmm_pool *p, struct cvm_run_bins *bs, size_t k, CUstream stream,
-				bool is_free, size_t *take)
+static struct cvm_run *best_fit(struct cuvmm_pool *p, size_t k, CUstream stream, size_t *take)
 {
+	struct cvm_run_bins *bs = &p->free;
 	unsigned b = bin_of(k);
 	struct cvm_run *best = NULL;
 	size_t t, best_t = 0;
@@ -285,8 +288,8 @@ static struct cvm_run *best_fit(struct cuvmm_pool *p, struct cvm_run_bins *bs, s
 	for (struct cvm_run *run = bs->head[b]; run && scanned < 64; run = run->bnext, scanned++) {
 		if (run->len < k || (best && run->len >= best->len))
 			continue;
-		t = is_free ? cut_len(p, run, k) : k;
-		if (!t || (is_free && !free_usable(p, run, stream)))
+		t = cut_len(p, run, k);
+		if (!t || !free_usable(p, run, stream))
 			continue;
 		best = run;
 		best_t = t;
@@ -304,8 +307,8 @@ static struct cvm_run *best_fit(struct cuvmm_pool *p, struct cvm_run_bins *bs, s
 				scanned = 0;
 				for (struct cvm_run *run = bs->head[nb]; run && scanned < 16;
 				     run = run->bnext, scanned++) {
-					t = is_free ? cut_len(p, run, k) : k;
-					if (t && (!is_free || free_usable(p, run, stream))) {
+					t = cut_len(p, run, k);
+					if (t && free_usable(p, run, stream)) {
 						best = run;
 						best_t = t;
 						break;
@@ -323,8 +326,8 @@ static struct cvm_run *best_fit(struct cuvmm_pool *p, struct cvm_run_bins *bs, s
  * Next fit: the first settled FREE run starting at or after the rover (wrapping around once) that can serve k
  * granules, with the granules it would take in *take. Allocations then sweep the pool's memory in address
  * order, and memory freed behind the sweep joins its neighbours into long runs before the sweep comes
- * back to it: on the KV trace this holds about 2-10% less than best fit, with no driver call
- * (doc/design.md, "Placement").
+ * back to it (doc/design.md, "Pools": in bench/placement_model.py's model of the KV trace, 1.084 peak held
+ * over peak live against best fit's 1.178, with no driver call in either).
  */
 static struct cvm_run *next_fit(struct cuvmm_pool *p, size_t k, size_t *take)
 {
@@ -666,7 +669,7 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, s
 	int err;
 
 	if (!run)
-		run = best_fit(p, &p->free, k, stream, true, &take); /* pending runs usable on `stream` too */
+		run = best_fit(p, k, stream, &take); /* pending runs usable on `stream` too */
 	if (run) {
 		free_unlink(p, run);
 		front = split_front(p, run, take);

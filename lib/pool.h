@@ -8,7 +8,8 @@
  *   SLAB  one granule cut into equal slots for small allocations of one size class;
  *   GOING FREE memory the reclaim pass is unmapping right now, without the pool's lock.
  * Runs carry boundary tags (edge[] at their first and last granule) so that neighbours coalesce in O(1);
- * VA and FREE runs sit in size bins (best fit) and in segment trees (first fit from an address, seg.h).
+ * FREE runs sit in size bins (best fit) and, like VA runs, in a segment tree (first fit from an address,
+ * seg.h).
  * Allocation takes FREE memory first (next fit from the rover, no driver call), then extends a FREE run
  * into the address space beside it, and maps fresh VA last. FREE memory goes back to VA (unmapped) when
  * it has been free for release_delay_ms, or early when the slack exceeds a quarter of the recent peak
@@ -30,13 +31,13 @@ struct cvm_slab;
 struct cvm_run {
 	size_t start, len;           /* granules */
 	uint8_t kind;
-	uint8_t bin;                 /* VA/FREE: the bin it is in */
+	uint8_t bin;                 /* FREE: the bin it is in */
 	size_t bytes;                /* USED: bytes handed out */
 	uint64_t freed_ns;           /* FREE: when it was last freed */
 	uint64_t epoch;              /* FREE: device epoch of a stream-less free; 0 when known safe */
 	CUstream stream;             /* FREE: freed on this stream, ev not yet complete */
 	cvm_event ev;                /* FREE: completes with the work that freed it; NULL once settled */
-	struct cvm_run *bnext, *bprev; /* VA/FREE: bin list */
+	struct cvm_run *bnext, *bprev; /* FREE: bin list */
 	struct cvm_run *lnext, *lprev; /* FREE: age list (settled runs, oldest first) or pending list */
 	struct cvm_slab *slab;       /* SLAB */
 };
@@ -56,7 +57,7 @@ struct cuvmm_pool {
 	struct cuvmm_region r;         /* r.lock is the pool's lock */
 	char name[32];
 	struct cvm_run **edge;         /* per granule: the run it starts or ends, else NULL */
-	struct cvm_run_bins va, free;
+	struct cvm_run_bins free;      /* FREE runs by length */
 	struct cvm_seg vseg, fseg;     /* VA runs, settled FREE runs: length at their start, for first fit */
 	size_t rover;                  /* next fit resumes here: the first granule of the last large allocation */
 	struct cvm_run age;            /* settled FREE runs, oldest first (sentinel) */
