@@ -1672,16 +1672,26 @@ static void slack_run(bool paced, double *pool_ratio, double *dev_ratio, uint64_
 	cuvmm_ctx_destroy(ctx);
 }
 
+/*
+ * The bound the pool promises while busy: slack up to a quarter of the recent peak footprint (which is at
+ * most peak live plus one granule per allocation, two here), plus what a reclaim pass has detached and is
+ * unmapping while an allocation maps fresh memory (16 granules at most), plus the cap's floor of 8
+ * granules. Peak live here is about 216 granules, so the bound is about 1.36x; without the cap held would
+ * pile up towards the device limit (3.5x).
+ */
 START_TEST(test_slack_bound)
 {
-	double tp, td, pp, pd;
+	double tp, td, pp, pd, bound;
 	uint64_t th, ph;
 
 	slack_run(false, &tp, &td, &th);
 	slack_run(true, &pp, &pd, &ph);
-	ck_assert_msg(pp <= 1.15 && pd <= 1.15, "paced: peak held / peak live = %.3f (pool), %.3f (device)", pp, pd);
-	ck_assert_msg(tp <= 1.15 && td <= 1.15, "tight loop: peak held / peak live = %.3f (pool), %.3f (device)", tp,
-		      td);
+	/* peak live 8.5 + 100 and 8.5 + 99 granules: (216 + 2) * 1.25 + 16 + 8 granules */
+	bound = (218.0 * 1.25 + 24.0) / 216.0;
+	ck_assert_msg(pp <= bound && pd <= bound, "paced: peak held / peak live = %.3f (pool), %.3f (device), bound %.3f",
+		      pp, pd, bound);
+	ck_assert_msg(tp <= bound && td <= bound, "tight loop: peak held / peak live = %.3f (pool), %.3f (device), "
+		      "bound %.3f", tp, td, bound);
 	ck_assert_msg(th == 0 && ph == 0, "after trim(pool, 0) with nothing live, still held: %llu (tight), %llu "
 		      "(paced) bytes", U(th), U(ph));
 }
