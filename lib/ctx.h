@@ -98,6 +98,12 @@ void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c);
  * does the work. Cheap when nothing changes: one atomic load.
  */
 void cvm_ctx_kick(struct cuvmm_ctx *ctx, uint64_t deadline);
+/* Memory freed at `now` comes due release_delay_ms later, less the release lead: wake the pass by then. */
+static inline void cvm_ctx_kick_freed(struct cuvmm_ctx *ctx, uint64_t now)
+{
+	if (ctx->delay_ns != UINT64_MAX)
+		cvm_ctx_kick(ctx, now + ctx->delay_ns - cvm_ctx_max_lead(ctx));
+}
 /* Called on library entry points: runs a reclaim pass if one is due and there is no background thread. */
 void cvm_ctx_poll(struct cuvmm_ctx *ctx);
 /* One reclaim pass over every client and device; returns the next deadline. */

@@ -274,8 +274,8 @@ void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c)
 	pthread_mutex_unlock(&p->lock);
 	if (ctx->delay_ns == 0)
 		cvm_phys_reclaim(p, now, true, ctx->cfg.retain_bytes);
-	else if (ctx->delay_ns != UINT64_MAX)
-		cvm_ctx_kick(ctx, now + ctx->delay_ns - cvm_ctx_max_lead(ctx));
+	else
+		cvm_ctx_kick_freed(ctx, now);
 }
 
 uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t keep_bytes)

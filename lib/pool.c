@@ -466,22 +466,17 @@ static void fp_add(struct cuvmm_pool *p, size_t granules, bool add)
 #define CVM_POOL_MAX_CLS 6
 #define CVM_POOL_BIG 512
 
-static unsigned fresh_cls(size_t k)
-{
-	unsigned cls;
-
-	if (k < CVM_POOL_BIG)
-		return 0;
-	cls = 63 - (unsigned)__builtin_clzll(k / 16);
-	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
-}
-
-/* Chunk class for an allocation of k granules remapped at wake (cuvmm_pool_sleep): k/16 granules. */
-static unsigned sleep_cls(size_t k)
+/* Large handles for k >= 16 granules: about k/16 granules each (a power of two), at most 2^CVM_POOL_MAX_CLS. */
+static unsigned large_cls(size_t k)
 {
 	unsigned cls = 63 - (unsigned)__builtin_clzll(k / 16);
 
 	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
+}
+
+static unsigned fresh_cls(size_t k)
+{
+	return k < CVM_POOL_BIG ? 0 : large_cls(k);
 }
 
 /* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
@@ -1145,8 +1140,8 @@ out:
 	pthread_mutex_unlock(&p->r.lock);
 	if (kick)
 		cvm_ctx_kick(p->r.ctx, cvm_now_ns());
-	else if (!err && p->r.ctx->delay_ns != UINT64_MAX)
-		cvm_ctx_kick(p->r.ctx, cvm_now_ns() + p->r.ctx->delay_ns - cvm_ctx_max_lead(p->r.ctx));
+	else if (!err)
+		cvm_ctx_kick_freed(p->r.ctx, cvm_now_ns());
 	cvm_ctx_poll(p->r.ctx);
 	return err;
 }
@@ -1278,12 +1273,13 @@ again:
 	/* Runs are due early enough for their unmaps and releases to be done when the delay is up. */
 	lead = force ? 0 : cvm_dev_release_lead(p->r.dev, p->free_bytes >> p->r.gshift);
 	for (run = p->age.lnext; run != &p->age; run = next) {
+		bool due = ctx->delay_ns != UINT64_MAX && cvm_elapsed(now, run->freed_ns) + lead >= ctx->delay_ns;
+
 		next = run->lnext;
 		if (force) {
 			if (p->free_bytes - gbytes(p, run->len) < keep)
 				break;
-		} else if (p->free_bytes <= cap &&
-			   (ctx->delay_ns == UINT64_MAX || cvm_elapsed(now, run->freed_ns) + lead < ctx->delay_ns)) {
+		} else if (p->free_bytes <= cap && !due) {
 			if (ctx->delay_ns != UINT64_MAX)
 				deadline = run->freed_ns + ctx->delay_ns - lead;
 			break;
@@ -1298,12 +1294,9 @@ again:
 			/* Detach it: out of every index, GOING, so nothing allocates or merges it while the
 			 * chunks are unmapped below without the lock. In batches: while a batch is unmapped, an
 			 * allocation cannot reuse its chunks and creates new ones, so held briefly counts both;
-			 * a small batch keeps that overlap small, and the pass comes straight back for more. */
-			bool expired = ctx->delay_ns != UINT64_MAX &&
-				       cvm_elapsed(now, run->freed_ns) + lead >= ctx->delay_ns;
-
-			/* (Idle memory needs no small batches: nothing allocates meanwhile.) */
-			if (!expired) {
+			 * a small batch keeps that overlap small, and the pass comes straight back for more.
+			 * (Idle memory, due, needs no small batches: nothing allocates meanwhile.) */
+			if (!due) {
 				if (batch >= CVM_GOING_BATCH) {
 					deadline = now;
 					break;
@@ -1452,7 +1445,7 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		for (size_t g = 0; g < p->r.npages; g += p->edge[g]->len) {
 			run = p->edge[g];
 			if (run->kind == CVM_RUN_USED && run->len >= 32)
-				cvm_sleep_coarsen(&p->r, run->start, run->len, sleep_cls(run->len));
+				cvm_sleep_coarsen(&p->r, run->start, run->len, large_cls(run->len));
 		}
 	}
 out:

@@ -186,12 +186,9 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 		for (run = g; run < end && r->slot[run].state == CVM_SLOT_UNMAPPED; run++)
 			;
 		for (j = g; j < run;) {
-			unsigned cls = max_cls < (unsigned)CVM_NCLASS - r->cls0 ? max_cls : (unsigned)CVM_NCLASS - 1 - r->cls0;
+			unsigned cls = cvm_fit_cls(r, j, run, max_cls);
 			struct cvm_chunk *c;
 
-			/* cls counts slots here: a chunk of 2^cls slots, aligned to its size, inside the run */
-			while (cls > 0 && ((j & (((size_t)1 << cls) - 1)) || j + ((size_t)1 << cls) > run))
-				cls--;
 			err = cvm_phys_get(&r->dev->phys, r->cls0 + cls, &r->cnt, &c);
 			if (err)
 				goto undo;

@@ -77,6 +77,19 @@ struct cuvmm_region {
 	struct cvm_drv_counters cnt;
 };
 
+/*
+ * The class (in slots: a chunk of 2^cls slots) of the largest chunk that can start at slot g, aligned to its
+ * size, and end by slot `end`: at most max_cls, and at most the largest class the device's chunks have.
+ */
+static inline unsigned cvm_fit_cls(const struct cuvmm_region *r, size_t g, size_t end, unsigned max_cls)
+{
+	unsigned cls = max_cls < (unsigned)CVM_NCLASS - 1 - r->cls0 ? max_cls : (unsigned)CVM_NCLASS - 1 - r->cls0;
+
+	while (cls > 0 && ((g & (((size_t)1 << cls) - 1)) || g + ((size_t)1 << cls) > end))
+		cls--;
+	return cls;
+}
+
 /* Slots covered by a chunk. */
 static inline size_t cvm_span(const struct cuvmm_region *r, const struct cvm_chunk *c)
 {

@@ -243,8 +243,6 @@ void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned 
 
 	if (!s || !n)
 		return;
-	if (max_cls > (unsigned)CVM_NCLASS - 1 - r->cls0)
-		max_cls = (unsigned)CVM_NCLASS - 1 - r->cls0;
 	for (size_t step = s->nchunks; step;) { /* lower bound: first chunk at or after `first` */
 		size_t half = step / 2;
 
@@ -263,21 +261,14 @@ void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned 
 	}
 	if (g != end)
 		return;
-	/* Largest aligned chunks that fit, from the start. */
-	for (g = first; g < end; m++) {
-		unsigned c = max_cls;
-
-		while (c > 0 && ((g & (((size_t)1 << c) - 1)) || g + ((size_t)1 << c) > end))
-			c--;
-		g += (size_t)1 << c;
-	}
+	/* Largest aligned chunks that fit, from the start (as cvm_region_map_locked lays them out). */
+	for (g = first; g < end; m++)
+		g += (size_t)1 << cvm_fit_cls(r, g, end, max_cls);
 	if (m >= hi - lo)
 		return; /* no fewer handles */
 	for (g = first, m = lo; g < end; m++) {
-		unsigned c = max_cls;
+		unsigned c = cvm_fit_cls(r, g, end, max_cls);
 
-		while (c > 0 && ((g & (((size_t)1 << c) - 1)) || g + ((size_t)1 << c) > end))
-			c--;
 		s->chunks[m].g = g;
 		s->chunks[m].cls = (uint8_t)(r->cls0 + c);
 		g += (size_t)1 << c;
