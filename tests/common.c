@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "drv.h" /* cvm_host_gate_open */
 #include "gpu.h"
 
 /* ----- backend and context ----- */
@@ -512,4 +513,14 @@ void tc_snap_expect_same(const struct tc_snap *a, const struct tc_snap *b, const
 		TC_SNAP_FIELD(a, b, d_held, what);
 		TC_SNAP_FIELD(a, b, memfd, what);
 	}
+}
+
+void *tc_open_gate_later(void *arg)
+{
+	struct tc_opener *o = arg;
+
+	tc_sleep_ms(o->delay_ms);
+	__atomic_store_n(&o->opened, 1, __ATOMIC_SEQ_CST);
+	cvm_host_gate_open();
+	return NULL;
 }

@@ -51,6 +51,14 @@ struct cuvmm_stats tc_ctx_stats(struct cuvmm_ctx *ctx);
 struct cuvmm_stats tc_region_stats(struct cuvmm_region *r);
 /* On the host backend, assert that the memfds hold exactly the device's held_bytes. */
 void tc_assert_os_matches(struct cuvmm_ctx *ctx);
+
+/* A thread (pthread_create(..., tc_open_gate_later, &o)) that opens the host backend's gate after delay_ms:
+ * the "GPU work" fencing pending unmaps completes then. `opened` is set just before it does. */
+struct tc_opener {
+	int delay_ms;
+	volatile int opened;
+};
+void *tc_open_gate_later(void *arg);
 /* Unmap whatever pending unmaps have become due (waiting for their fences), releasing no cached chunk. */
 void tc_settle(struct cuvmm_ctx *ctx);
 /* Poll device 0's held_bytes until it is <= bytes or timeout_ms passed; returns the last value seen. */

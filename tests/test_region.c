@@ -522,27 +522,12 @@ START_TEST(test_fenced_resize_gate)
 }
 END_TEST
 
-struct opener {
-	int delay_ms;
-	volatile int opened;
-};
-
-static void *open_gate_later(void *arg)
-{
-	struct opener *o = arg;
-
-	tc_sleep_ms(o->delay_ms);
-	__atomic_store_n(&o->opened, 1, __ATOMIC_SEQ_CST);
-	cvm_host_gate_open();
-	return NULL;
-}
-
 /* Region destroy waits for the fences of pending unmaps. */
 START_TEST(test_destroy_waits_for_fence)
 {
 	struct cuvmm_ctx *ctx;
 	struct cuvmm_region *r;
-	struct opener o = {200, 0};
+	struct tc_opener o = {200, 0};
 	pthread_t t;
 
 	if (!tc_on_host()) {
@@ -554,7 +539,7 @@ START_TEST(test_destroy_waits_for_fence)
 	ck_assert_int_eq(cuvmm_region_map(r, 0, 3 * G), CUVMM_OK);
 	cvm_host_gate_close();
 	ck_assert_int_eq(cuvmm_region_unmap(r, 0, 3 * G, HOST_STREAM), CUVMM_OK);
-	ck_assert_int_eq(pthread_create(&t, NULL, open_gate_later, &o), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, tc_open_gate_later, &o), 0);
 	cuvmm_region_destroy(r);
 	ck_assert_msg(__atomic_load_n(&o.opened, __ATOMIC_SEQ_CST), "region destroy did not wait for the fence");
 	pthread_join(t, NULL);
@@ -833,13 +818,13 @@ START_TEST(test_gpu_null_stream_unmap_under_kernel)
 	ck_assert_int_eq(cuvmm_region_map(r, 0, bytes + 2 * G), CUVMM_OK);
 	ck_assert_int_eq(tc_stream_create(&s), 0);
 	if (tc_on_host()) {
-		struct opener o = {200, 0};
+		struct tc_opener o = {200, 0};
 		pthread_t t;
 
 		/* Pending work on the "device": a fenced unmap recorded while the gate is closed. */
 		cvm_host_gate_close();
 		ck_assert_int_eq(cuvmm_region_unmap(r, bytes, 2 * G, HOST_STREAM), CUVMM_OK);
-		ck_assert_int_eq(pthread_create(&t, NULL, open_gate_later, &o), 0);
+		ck_assert_int_eq(pthread_create(&t, NULL, tc_open_gate_later, &o), 0);
 		ck_assert_int_eq(cuvmm_region_unmap(r, 0, bytes, NULL), CUVMM_OK);
 		ck_assert_msg(__atomic_load_n(&o.opened, __ATOMIC_SEQ_CST),
 			      "the NULL-stream unmap returned while work was pending");

@@ -385,26 +385,11 @@ START_TEST(test_region_destroy_asleep)
 END_TEST
 
 /* Pending unmaps are not contents: sleep waits for their fence (the host gate), and they stay unmapped. */
-struct opener {
-	int delay_ms;
-	volatile int opened;
-};
-
-static void *open_gate_later(void *p)
-{
-	struct opener *o = p;
-
-	tc_sleep_ms(o->delay_ms);
-	__atomic_store_n(&o->opened, 1, __ATOMIC_SEQ_CST);
-	cvm_host_gate_open();
-	return NULL;
-}
-
 START_TEST(test_region_sleep_pending_unmap)
 {
 	struct cuvmm_ctx *ctx;
 	struct cuvmm_region *r;
-	struct opener o = {150, 0};
+	struct tc_opener o = {150, 0};
 	pthread_t t;
 	struct cuvmm_stats st;
 	CUstream s;
@@ -423,7 +408,7 @@ START_TEST(test_region_sleep_pending_unmap)
 	st = tc_region_stats(r);
 	ck_assert_uint_eq(st.mapped_bytes, SCATTERED_UNITS * G);
 	ck_assert_uint_eq(st.live_bytes, (SCATTERED_UNITS - 4) * G);
-	ck_assert_int_eq(pthread_create(&t, NULL, open_gate_later, &o), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, tc_open_gate_later, &o), 0);
 	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
 	ck_assert_msg(__atomic_load_n(&o.opened, __ATOMIC_SEQ_CST), "sleep returned before the pending unmap's fence");
 	pthread_join(t, NULL);
