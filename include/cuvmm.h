@@ -641,6 +641,61 @@ CUVMM_API int cuvmm_pool_wake(struct cuvmm_pool *pool, CUstream stream);
 /** @} */
 
 /**
+ * @defgroup capture CUDA graph capture
+ * Pools serve cuvmm_malloc_async() and cuvmm_free_async() on a stream that is being captured into a CUDA
+ * graph (cuStreamBeginCapture, in any capture mode), and no call of the library, from any thread or from its
+ * background thread, invalidates a capture: every driver call runs in relaxed capture mode, no event is
+ * recorded and nothing copied on a capturing stream, and the device is not synchronised while a capture the
+ * library has seen is under way (work that needs the synchronisation, such as unmapping memory freed without
+ * a stream, waits for the capture to end; cuvmm_pool_sleep() and cuvmm_ctx_trim() with a NULL stream return
+ * CUVMM_EBUSY meanwhile).
+ *
+ * A captured kernel touches the same addresses at every replay, so the memory of a capture belongs to a
+ * **graph pool**: what allocations on the capturing stream got, and what was freed on it during the capture
+ * (the graph still uses it). That memory is never handed to work outside the graph pool, never unmapped and
+ * never given back, until cuvmm_graph_release(). Inside the graph pool it is reused: by later allocations of
+ * the same capture on the same stream (stream order holds inside a graph), and by later captures into the same
+ * graph pool (graphs that share a pool must be replayed in the order they were captured, as with PyTorch's
+ * graph_pool_handle()). A graph pool is named by the id of the capture that created it (the id
+ * cuStreamGetCaptureInfo reports); cuvmm_capture_pool() makes a capture join an earlier one's pool.
+ *
+ * cuvmm_region_unmap(), cuvmm_region_resize(), cuvmm_kv_free(), sleep and wake on a capturing stream return
+ * CUVMM_ENOTSUP: their work must run now, not at replay.
+ * @{
+ */
+
+/**
+ * Tell the library about a capture under way on @p stream, and name its graph pool. Optional: the first
+ * allocation or free on a capturing stream does the same with @p share 0. Calling it right after
+ * cuStreamBeginCapture also keeps the library from synchronising the device during a capture that never
+ * allocates from it.
+ * @param[in] ctx the context
+ * @param[in] device the device of @p stream
+ * @param[in] stream a stream being captured
+ * @param[in] share 0: the capture keeps its own graph pool; else the id of a graph pool that is not released,
+ *            which the capture joins (with whatever it allocated already)
+ * @param[out] graph_pool the id of the capture's graph pool
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or an unknown @p share; CUVMM_ESTATE when @p stream is
+ *         not being captured; CUVMM_ENODEV for a bad @p device; CUVMM_ENOMEM when the host is out of memory
+ */
+CUVMM_API int cuvmm_capture_pool(struct cuvmm_ctx *ctx, int device, CUstream stream, uint64_t share,
+				 uint64_t *graph_pool);
+
+/**
+ * The graphs of a graph pool are destroyed: its memory returns to general use. Allocations of the pool still
+ * live become ordinary allocations (freed as usual later); the free ones are freed as by cuvmm_free(), so
+ * they may be handed out again at once and are unmapped only after a device synchronisation. Release a graph
+ * pool once the launches of its graphs have completed (cuGraphExecDestroy does not wait for them).
+ * @param[in] ctx the context
+ * @param[in] graph_pool the id from cuvmm_capture_pool() or the capture's id
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL @p ctx or an unknown id (released already, or never used);
+ *         CUVMM_EBUSY while a capture into the pool is still under way (nothing changes)
+ */
+CUVMM_API int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool);
+
+/** @} */
+
+/**
  * @defgroup fault Fault injection
  * Make chosen driver calls fail, to test error paths (the library's own and the application's). Works on
  * both backends: a failing call is not passed to the driver at all.
@@ -664,6 +719,7 @@ enum cuvmm_call {
 	CUVMM_CALL_STREAM_WAIT,    /**< cuStreamWaitEvent */
 	CUVMM_CALL_HOST_ALLOC,     /**< cuMemHostAlloc (pinned staging memory) */
 	CUVMM_CALL_COPY,           /**< cuMemcpyDtoHAsync / cuMemcpyHtoDAsync */
+	CUVMM_CALL_CAPTURE_INFO,   /**< cuStreamGetCaptureInfo (is a stream being captured into a CUDA graph?) */
 	CUVMM_CALL_COUNT_          /**< number of calls; not a call */
 };
 

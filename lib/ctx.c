@@ -69,9 +69,12 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 		err = CUVMM_ENOMEM;
 		goto fail_bg_lock;
 	}
-	err = cvm_drv_open(&ctx->drv, &ctx->cfg);
+	err = cvm_graphs_init(&ctx->graphs);
 	if (err)
 		goto fail_cond;
+	err = cvm_drv_open(&ctx->drv, &ctx->cfg);
+	if (err)
+		goto fail_graphs;
 	err = cvm_drv_device_count(&ctx->drv, &ctx->ndev);
 	if (err)
 		goto fail_drv;
@@ -101,6 +104,8 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 
 fail_drv:
 	cvm_drv_close(&ctx->drv);
+fail_graphs:
+	cvm_graphs_fini(&ctx->graphs);
 fail_cond:
 	pthread_cond_destroy(&ctx->bg_cond);
 fail_bg_lock:
@@ -144,6 +149,7 @@ void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx)
 		}
 	}
 	cvm_drv_close(&ctx->drv);
+	cvm_graphs_fini(&ctx->graphs);
 	pthread_cond_destroy(&ctx->bg_cond);
 	pthread_mutex_destroy(&ctx->bg_lock);
 	pthread_mutex_destroy(&ctx->clients_lock);
@@ -216,11 +222,18 @@ uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks)
 	return chunks > max / (2 * per_call + 1) ? max : chunks * 2 * per_call;
 }
 
+int cvm_dev_sync(struct cvm_dev *dev)
+{
+	if (!cvm_graph_quiet(dev->ctx, dev->index))
+		return CUVMM_EBUSY;
+	return cvm_drv_device_sync(CVM_DRV(dev), dev->index);
+}
+
 int cvm_dev_sync_epoch(struct cvm_dev *dev)
 {
 	uint64_t e = atomic_fetch_add(&dev->epoch, 1) + 1;
 	uint64_t cur;
-	int err = cvm_drv_device_sync(CVM_DRV(dev), dev->index);
+	int err = cvm_dev_sync(dev);
 
 	if (err)
 		return err;

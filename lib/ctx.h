@@ -10,6 +10,7 @@
 #include <stdbool.h>
 
 #include "drv.h"
+#include "graph.h"
 #include "phys.h"
 
 #define CVM_MAX_DEVICES 64
@@ -35,8 +36,12 @@ struct cvm_dev {
  */
 uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks);
 
-/* Synchronise the device (call with no lock held) and advance safe_epoch past every earlier free. */
+/* Synchronise the device (call with no lock held) and advance safe_epoch past every earlier free.
+ * CUVMM_EBUSY, with no driver call, while a stream capture the library has seen is under way on the device
+ * (synchronising would invalidate it): the caller leaves what needed the synchronisation for later. */
 int cvm_dev_sync_epoch(struct cvm_dev *dev);
+/* The same without the epoch: every device synchronisation of the library goes through one of these two. */
+int cvm_dev_sync(struct cvm_dev *dev);
 static inline bool cvm_dev_epoch_safe(struct cvm_dev *dev, uint64_t tag)
 {
 	return tag < atomic_load_explicit(&dev->safe_epoch, memory_order_acquire);
@@ -78,6 +83,8 @@ struct cuvmm_ctx {
 	pthread_cond_t bg_cond;
 	bool bg_stop;
 	_Atomic uint64_t next_deadline;
+
+	struct cvm_graphs graphs;     /* graph pools and the captures seen (graph.h) */
 };
 
 /* The most that releases start ahead of release_delay_ms (cvm_dev_release_lead): a quarter of it. */

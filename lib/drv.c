@@ -196,8 +196,31 @@ void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev)
 		cvm_warn("destroying an event failed (CUresult %d)", cu);
 }
 
+/*
+ * Work the library queues on a stream of the application's (a fence's event, a sleep's copy) must really run:
+ * on a stream under capture it would become a node of the graph instead, and an event recorded there can
+ * never be queried. Refused before the driver sees it.
+ */
+int cvm_drv_refuse_captured(struct cvm_drv *d, int dev, CUstream stream)
+{
+	uint64_t cap = 0;
+	int err = cvm_drv_capture_id(d, dev, stream, &cap);
+
+	if (err)
+		return err;
+	if (cap) {
+		cvm_drv_set_last(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+		return CUVMM_ENOTSUP;
+	}
+	return CUVMM_OK;
+}
+
 int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream)
 {
+	int err = cvm_drv_refuse_captured(d, dev, stream);
+
+	if (err)
+		return err;
 	return PLAIN(d, CUVMM_CALL_EVENT_RECORD, d->be->event_record(d->state, dev, ev, stream));
 }
 
@@ -241,11 +264,19 @@ void cvm_drv_host_free(struct cvm_drv *d, void *p)
 
 int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
+	int err = cvm_drv_refuse_captured(d, dev, stream);
+
+	if (err)
+		return err;
 	return PLAIN(d, CUVMM_CALL_COPY, d->be->copy_dtoh(d->state, dev, dst, src, size, stream));
 }
 
 int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
 {
+	int err = cvm_drv_refuse_captured(d, dev, stream);
+
+	if (err)
+		return err;
 	return PLAIN(d, CUVMM_CALL_COPY, d->be->copy_htod(d->state, dev, dst, src, size, stream));
 }
 
@@ -264,5 +295,18 @@ void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream)
 
 int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream)
 {
+	int err = cvm_drv_refuse_captured(d, dev, stream);
+
+	if (err)
+		return err;
 	return cvm_drv_err(d->be->stream_sync(d->state, dev, stream));
+}
+
+int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id)
+{
+	if (!stream) {
+		*id = 0;
+		return CUVMM_OK;
+	}
+	return PLAIN(d, CUVMM_CALL_CAPTURE_INFO, d->be->capture_id(d->state, dev, stream, id));
 }

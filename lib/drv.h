@@ -14,6 +14,7 @@
 #define CVM_DRV_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,6 +75,9 @@ struct cvm_backend {
 	int (*stream_create)(void *state, int dev, CUstream *stream);
 	int (*stream_destroy)(void *state, int dev, CUstream stream);
 	int (*stream_sync)(void *state, int dev, CUstream stream);
+	/* Is `stream` being captured into a CUDA graph? *id: the capture's id (unique in the process, never 0)
+	 * while a capture is active or was invalidated and not yet ended, else 0. Legal during any capture. */
+	int (*capture_id)(void *state, int dev, CUstream stream, uint64_t *id);
 };
 
 extern const struct cvm_backend cvm_backend_cuda;
@@ -138,12 +142,23 @@ int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src
 int cvm_drv_stream_create(struct cvm_drv *d, int dev, CUstream *stream);
 void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream);
 int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream);
+/* CUVMM_ENOTSUP if `stream` is being captured (work queued there would be captured into the graph instead of
+ * running); event_record, the copies and stream_sync check it themselves. */
+int cvm_drv_refuse_captured(struct cvm_drv *d, int dev, CUstream stream);
+/* The id of the capture under way on `stream` (0: none). A NULL stream is never captured: 0, no call. */
+int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id);
 
 /* Host backend test hooks (tests only; no effect on the CUDA backend).
  * While the gate is closed, events recorded by the host backend stay incomplete, as if a kernel were still
  * running; opening it completes them. Lets tests see that unmaps wait for their fence. */
 void cvm_host_gate_close(void);
 void cvm_host_gate_open(void);
+/* Host backend stream capture, modelled on CUDA's rules so that tests see a capture the library would break:
+ * while a capture is under way on a stream, a device synchronisation, a synchronisation of that stream, a
+ * copy on it, or a query or wait of an event recorded on it invalidates the capture (and fails). begin
+ * returns the capture's id; end returns whether the capture survived (false: it was invalidated). */
+uint64_t cvm_host_capture_begin(CUstream stream);
+bool cvm_host_capture_end(CUstream stream);
 
 /* Monotonic time in nanoseconds. */
 uint64_t cvm_now_ns(void);

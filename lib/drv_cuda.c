@@ -67,6 +67,10 @@ typedef CUresult (*pfn_cuMemHostAlloc)(void **pp, size_t size, unsigned int flag
 typedef CUresult (*pfn_cuMemFreeHost)(void *p);
 typedef CUresult (*pfn_cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t size, CUstream stream);
 typedef CUresult (*pfn_cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t size, CUstream stream);
+typedef CUresult (*pfn_cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *mode);
+/* cuStreamGetCaptureInfo as of the 12.0 ABI (cuStreamGetCaptureInfo_v2; the headers' v3 adds edge data). */
+typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
+					       CUgraph *graph, const CUgraphNode **deps, size_t *ndeps);
 
 /*
  * The entry points the backend cannot work without. The names are given without their "cu" so that none
@@ -106,7 +110,9 @@ typedef CUresult (*pfn_cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size
 	X(MemHostAlloc)                                                                                      \
 	X(MemFreeHost)                                                                                       \
 	X(MemcpyDtoHAsync)                                                                                   \
-	X(MemcpyHtoDAsync)
+	X(MemcpyHtoDAsync)                                                                                   \
+	X(ThreadExchangeStreamCaptureMode)                                                                   \
+	X(StreamGetCaptureInfo)
 
 struct cuda_fn {
 	pfn_cuGetProcAddress GetProcAddress;
@@ -181,31 +187,48 @@ static CUresult resolve(const struct cuda_state *s, const char *symbol, void *sl
 	return CUDA_SUCCESS;
 }
 
+/* What ctx_enter changed on the calling thread, for ctx_leave to restore. */
+struct cu_scope {
+	int pushed;               /* the context was pushed: pop it */
+	CUstreamCaptureMode mode; /* the thread's capture mode before the call */
+};
+
 /*
- * Make ctx current for one call. *pushed says whether ctx_leave must pop. If the current context
- * cannot even be read (e.g. the application's was destroyed), pushing anyway is still safe: the pop
- * restores whatever was there.
+ * Make ctx current for one call, in relaxed stream-capture mode. Relaxed mode is what keeps the library's
+ * calls (maps, unmaps, event queries, from the application's threads and the background thread alike) from
+ * invalidating a CUDA graph capture that some thread has under way in global mode, PyTorch's default: in
+ * global mode every "potentially unsafe" call of any thread breaks it. The thread's own mode is restored by
+ * ctx_leave. If the current context cannot even be read (e.g. the application's was destroyed), pushing
+ * anyway is still safe: the pop restores whatever was there.
  */
-static CUresult ctx_enter(const struct cuda_state *s, CUcontext ctx, int *pushed)
+static CUresult ctx_enter(const struct cuda_state *s, CUcontext ctx, struct cu_scope *sc)
 {
 	CUcontext cur = NULL;
 	CUresult r;
 
-	*pushed = 0;
+	sc->pushed = 0;
+	sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	/* Cannot fail for a valid mode; if it did, the call below runs in the thread's own mode. */
+	if (s->fn.ThreadExchangeStreamCaptureMode(&sc->mode) != CUDA_SUCCESS)
+		sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
 	if (s->fn.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
 		return CUDA_SUCCESS;
 	r = s->fn.CtxPushCurrent(ctx);
 	if (r == CUDA_SUCCESS)
-		*pushed = 1;
+		sc->pushed = 1;
+	else
+		s->fn.ThreadExchangeStreamCaptureMode(&sc->mode);
 	return r;
 }
 
-static void ctx_leave(const struct cuda_state *s, int pushed)
+static void ctx_leave(const struct cuda_state *s, struct cu_scope sc)
 {
 	CUcontext popped = NULL;
 	CUresult r;
 
-	if (!pushed)
+	if (sc.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+		s->fn.ThreadExchangeStreamCaptureMode(&sc.mode);
+	if (!sc.pushed)
 		return;
 	r = s->fn.CtxPopCurrent(&popped);
 	/* Nothing to hand back through the caller's result, but a stack left wrong would confuse the application
@@ -215,15 +238,16 @@ static void ctx_leave(const struct cuda_state *s, int pushed)
 }
 
 /* Validate dev and make its primary context current. */
-static CUresult dev_enter(struct cuda_state *s, int dev, struct cuda_dev **d, int *pushed)
+static CUresult dev_enter(struct cuda_state *s, int dev, struct cuda_dev **d, struct cu_scope *sc)
 {
-	*pushed = 0;
+	sc->pushed = 0;
+	sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
 	if (dev < 0 || dev >= s->ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	*d = &s->dev[dev];
 	if (!(*d)->ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	return ctx_enter(s, (*d)->ctx, pushed);
+	return ctx_enter(s, (*d)->ctx, sc);
 }
 
 /* Device 0's primary context for host allocations, retained on first use. */
@@ -385,7 +409,8 @@ static int cuda_device_open(void *state, int dev, struct cvm_devinfo *info)
 	CUdevice cudev;
 	CUcontext ctx;
 	CUresult r;
-	int vmm = 0, pushed, retained = 0;
+	struct cu_scope sc;
+	int vmm = 0, retained = 0;
 
 	if (dev < 0 || dev >= s->ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
@@ -416,11 +441,11 @@ static int cuda_device_open(void *state, int dev, struct cvm_devinfo *info)
 	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop.location.id = dev;
-	r = ctx_enter(s, ctx, &pushed);
+	r = ctx_enter(s, ctx, &sc);
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	r = s->fn.MemGetAllocationGranularity(&out.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	if (!out.granularity) {
@@ -468,14 +493,14 @@ static int cuda_reserve(void *state, int dev, size_t size, uintptr_t *va)
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
 	CUdeviceptr p = 0;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemAddressReserve(&p, size, d->granularity, 0, 0);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	if (r == CUDA_SUCCESS)
 		*va = (uintptr_t)p;
 	return r;
@@ -485,14 +510,14 @@ static int cuda_unreserve(void *state, int dev, uintptr_t va, size_t size)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemAddressFree((CUdeviceptr)va, size);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -502,7 +527,7 @@ static int cuda_create(void *state, int dev, size_t size, cvm_handle *h)
 	struct cuda_dev *d;
 	CUmemAllocationProp prop;
 	CUmemGenericAllocationHandle handle = 0;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
 	memset(&prop, 0, sizeof(prop));
@@ -510,11 +535,11 @@ static int cuda_create(void *state, int dev, size_t size, cvm_handle *h)
 	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop.location.id = dev;
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemCreate(&handle, size, &prop, 0);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	if (r == CUDA_SUCCESS)
 		*h = (cvm_handle)handle;
 	return r;
@@ -524,14 +549,14 @@ static int cuda_release(void *state, int dev, cvm_handle h)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemRelease((CUmemGenericAllocationHandle)h);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -539,14 +564,14 @@ static int cuda_map(void *state, int dev, uintptr_t va, size_t size, cvm_handle 
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -554,14 +579,14 @@ static int cuda_unmap(void *state, int dev, uintptr_t va, size_t size)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemUnmap((CUdeviceptr)va, size);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -570,18 +595,18 @@ static int cuda_set_access(void *state, int dev, uintptr_t va, size_t size)
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
 	CUmemAccessDesc desc;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
 	memset(&desc, 0, sizeof(desc));
 	desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	desc.location.id = dev;
 	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemSetAccess((CUdeviceptr)va, size, &desc, 1);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -590,15 +615,15 @@ static int cuda_mem_info(void *state, int dev, size_t *free_bytes, size_t *total
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
 	size_t f = 0, t = 0;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
 	/* cuMemGetInfo reports on the current context's device: the push is what selects the device. */
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemGetInfo(&f, &t);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	if (r == CUDA_SUCCESS) {
 		*free_bytes = f;
 		*total_bytes = t;
@@ -611,15 +636,15 @@ static int cuda_event_create(void *state, int dev, cvm_event *ev)
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
 	CUevent e = NULL;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	/* Only ordering is wanted; timing makes record and query slower. */
 	r = s->fn.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	if (r == CUDA_SUCCESS)
 		*ev = (cvm_event)e;
 	return r;
@@ -629,14 +654,14 @@ static int cuda_event_destroy(void *state, int dev, cvm_event ev)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.EventDestroy((CUevent)ev);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -644,14 +669,14 @@ static int cuda_event_record(void *state, int dev, cvm_event ev, CUstream stream
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.EventRecord((CUevent)ev, stream);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -659,14 +684,14 @@ static int cuda_event_query(void *state, int dev, cvm_event ev)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.EventQuery((CUevent)ev);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -674,14 +699,14 @@ static int cuda_event_sync(void *state, int dev, cvm_event ev)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.EventSynchronize((CUevent)ev);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -689,14 +714,14 @@ static int cuda_device_sync(void *state, int dev)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.CtxSynchronize();
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -704,14 +729,14 @@ static int cuda_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.StreamWaitEvent(stream, (CUevent)ev, 0);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -720,18 +745,18 @@ static int cuda_host_alloc(void *state, size_t size, void **p)
 	struct cuda_state *s = state;
 	CUcontext ctx;
 	void *mem = NULL;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
 	r = host_ctx_get(s, &ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = ctx_enter(s, ctx, &pushed);
+	r = ctx_enter(s, ctx, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	/* Portable: the copies run on whichever device's stream, not only device 0's. */
 	r = s->fn.MemHostAlloc(&mem, size, CU_MEMHOSTALLOC_PORTABLE);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	if (r == CUDA_SUCCESS)
 		*p = mem;
 	return r;
@@ -741,17 +766,17 @@ static int cuda_host_free(void *state, void *p)
 {
 	struct cuda_state *s = state;
 	CUcontext ctx;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
 	r = host_ctx_get(s, &ctx);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = ctx_enter(s, ctx, &pushed);
+	r = ctx_enter(s, ctx, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemFreeHost(p);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -759,14 +784,14 @@ static int cuda_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemcpyDtoHAsync(dst, (CUdeviceptr)src, size, stream);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -774,14 +799,14 @@ static int cuda_copy_htod(void *state, int dev, uintptr_t dst, const void *src, 
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.MemcpyHtoDAsync((CUdeviceptr)dst, src, size, stream);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -790,16 +815,16 @@ static int cuda_stream_create(void *state, int dev, CUstream *stream)
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
 	CUstream st = NULL;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	/* Non-blocking: the library's copies must neither wait for nor hold up the application's legacy NULL
 	 * stream. */
 	r = s->fn.StreamCreate(&st, CU_STREAM_NON_BLOCKING);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	if (r == CUDA_SUCCESS)
 		*stream = st;
 	return r;
@@ -809,14 +834,14 @@ static int cuda_stream_destroy(void *state, int dev, CUstream stream)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.StreamDestroy(stream);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
 	return r;
 }
 
@@ -824,14 +849,34 @@ static int cuda_stream_sync(void *state, int dev, CUstream stream)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	int pushed;
+	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &pushed);
+	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.StreamSynchronize(stream);
-	ctx_leave(s, pushed);
+	ctx_leave(s, sc);
+	return r;
+}
+
+static int cuda_capture_id(void *state, int dev, CUstream stream, uint64_t *id)
+{
+	struct cuda_state *s = state;
+	struct cuda_dev *d;
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	cuuint64_t cid = 0;
+	struct cu_scope sc;
+	CUresult r;
+
+	r = dev_enter(s, dev, &d, &sc);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.StreamGetCaptureInfo(stream, &st, &cid, NULL, NULL, NULL);
+	ctx_leave(s, sc);
+	if (r == CUDA_SUCCESS)
+		*id = st == CU_STREAM_CAPTURE_STATUS_NONE ? 0 : (uint64_t)cid;
+	/* A capture invalidated by someone else still has an id; its graph will never exist. */
 	return r;
 }
 
@@ -865,4 +910,5 @@ const struct cvm_backend cvm_backend_cuda = {
 	.stream_create = cuda_stream_create,
 	.stream_destroy = cuda_stream_destroy,
 	.stream_sync = cuda_stream_sync,
+	.capture_id = cuda_capture_id,
 };

@@ -40,7 +40,8 @@ struct host_chunk {
 };
 
 struct host_event {
-	uint64_t seq; /* 0: complete; otherwise complete once the gate's completed_seq reaches it */
+	uint64_t seq;     /* 0: complete; otherwise complete once the gate's completed_seq reaches it */
+	uint64_t capture; /* recorded into this capture (a graph node, not work): never queryable, as in CUDA */
 };
 
 /* An address range, as the key and element of the tsearch trees below. */
@@ -90,6 +91,98 @@ void cvm_host_gate_open(void)
 	gate.completed_seq = gate.pending_seq;
 	pthread_cond_broadcast(&gate.done);
 	pthread_mutex_unlock(&gate.lock);
+}
+
+/*
+ * Stream capture, process-wide like the gate (streams are). CUDA's rules that the library must never break
+ * are modelled so that a test sees it break them: synchronising the device or a capturing stream, copying
+ * on a capturing stream, or querying or waiting for an event recorded in a capture invalidates the capture
+ * and fails with the error CUDA gives.
+ */
+#define HOST_MAX_CAPTURES 16
+static struct {
+	pthread_mutex_t lock;
+	uint64_t next_id;
+	struct {
+		CUstream stream; /* NULL: slot free */
+		uint64_t id;
+		bool invalidated;
+	} c[HOST_MAX_CAPTURES];
+	unsigned active;
+} cap = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+uint64_t cvm_host_capture_begin(CUstream stream)
+{
+	uint64_t id = 0;
+
+	pthread_mutex_lock(&cap.lock);
+	for (int i = 0; i < HOST_MAX_CAPTURES && stream; i++) {
+		if (cap.c[i].stream == stream)
+			break; /* capturing already */
+		if (!cap.c[i].stream) {
+			cap.c[i].stream = stream;
+			cap.c[i].id = id = ++cap.next_id;
+			cap.c[i].invalidated = false;
+			cap.active++;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&cap.lock);
+	return id;
+}
+
+bool cvm_host_capture_end(CUstream stream)
+{
+	bool ok = false;
+
+	pthread_mutex_lock(&cap.lock);
+	for (int i = 0; i < HOST_MAX_CAPTURES; i++) {
+		if (stream && cap.c[i].stream == stream) {
+			ok = !cap.c[i].invalidated;
+			cap.c[i].stream = NULL;
+			cap.active--;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&cap.lock);
+	return ok;
+}
+
+/* The id of the capture under way on `stream`, 0 if none. */
+static uint64_t capture_of(CUstream stream)
+{
+	uint64_t id = 0;
+
+	pthread_mutex_lock(&cap.lock);
+	for (int i = 0; cap.active && i < HOST_MAX_CAPTURES; i++)
+		if (stream && cap.c[i].stream == stream)
+			id = cap.c[i].id;
+	pthread_mutex_unlock(&cap.lock);
+	return id;
+}
+
+/* Break the capture `id` (0: every capture under way) and return the error CUDA would have given. */
+static int capture_break(uint64_t id, int cu)
+{
+	pthread_mutex_lock(&cap.lock);
+	for (int i = 0; i < HOST_MAX_CAPTURES; i++)
+		if (cap.c[i].stream && (!id || cap.c[i].id == id))
+			cap.c[i].invalidated = true;
+	pthread_mutex_unlock(&cap.lock);
+	cvm_warn("host backend: a stream capture was invalidated (CUresult %d)", cu);
+	return cu;
+}
+
+static bool capture_any(void)
+{
+	bool any;
+
+	pthread_mutex_lock(&cap.lock);
+	any = cap.active > 0;
+	pthread_mutex_unlock(&cap.lock);
+	return any;
 }
 
 /* Errors of the resource kind map to out-of-memory so the library reacts as on a full GPU: it gives cached
@@ -548,6 +641,9 @@ static int host_event_record(void *state, int dev, cvm_event ev, CUstream stream
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!e)
 		return CUDA_ERROR_INVALID_VALUE;
+	e->capture = capture_of(stream);
+	if (e->capture)
+		return CUDA_SUCCESS; /* a node of the graph: nothing runs now */
 	pthread_mutex_lock(&gate.lock);
 	e->seq = gate.closed ? ++gate.pending_seq : 0;
 	pthread_mutex_unlock(&gate.lock);
@@ -564,6 +660,8 @@ static int host_event_query(void *state, int dev, cvm_event ev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!e)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (e->capture)
+		return capture_break(e->capture, CUDA_ERROR_CAPTURED_EVENT);
 	pthread_mutex_lock(&gate.lock);
 	done = e->seq <= gate.completed_seq;
 	pthread_mutex_unlock(&gate.lock);
@@ -579,6 +677,8 @@ static int host_event_sync(void *state, int dev, cvm_event ev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!e)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (e->capture)
+		return capture_break(e->capture, CUDA_ERROR_CAPTURED_EVENT);
 	pthread_mutex_lock(&gate.lock);
 	while (e->seq > gate.completed_seq)
 		pthread_cond_wait(&gate.done, &gate.lock);
@@ -602,14 +702,20 @@ static int host_device_sync(void *state, int dev)
 	(void)state;
 	if (dev != 0)
 		return CUDA_ERROR_INVALID_DEVICE;
+	/* Synchronising a context while any of its streams captures is invalid. */
+	if (capture_any())
+		return capture_break(0, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	return sync_all();
 }
 
 static int host_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
 {
+	const struct host_event *e = ev;
+
 	(void)state;
-	(void)stream;
-	(void)ev;
+	/* A captured event can be waited for only inside its own capture. */
+	if (e && e->capture && capture_of(stream) != e->capture)
+		return capture_break(e->capture, CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
 	/* Host work runs in call order, so it is already behind the event. */
 	return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
@@ -638,7 +744,8 @@ static int host_host_free(void *state, void *p)
 static int host_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
 	(void)state;
-	(void)stream;
+	if (capture_of(stream))
+		return capture_break(capture_of(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	if (dev != 0)
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (size && (!dst || !src))
@@ -650,7 +757,8 @@ static int host_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t
 static int host_copy_htod(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
 {
 	(void)state;
-	(void)stream;
+	if (capture_of(stream))
+		return capture_break(capture_of(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	if (dev != 0)
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (size && (!dst || !src))
@@ -686,10 +794,20 @@ static int host_stream_destroy(void *state, int dev, CUstream stream)
 static int host_stream_sync(void *state, int dev, CUstream stream)
 {
 	(void)state;
-	(void)stream;
 	if (dev != 0)
 		return CUDA_ERROR_INVALID_DEVICE;
+	if (capture_of(stream))
+		return capture_break(capture_of(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
 	return sync_all();
+}
+
+static int host_capture_id(void *state, int dev, CUstream stream, uint64_t *id)
+{
+	(void)state;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*id = capture_of(stream);
+	return CUDA_SUCCESS;
 }
 
 const struct cvm_backend cvm_backend_host = {
@@ -722,4 +840,5 @@ const struct cvm_backend cvm_backend_host = {
 	.stream_create = host_stream_create,
 	.stream_destroy = host_stream_destroy,
 	.stream_sync = host_stream_sync,
+	.capture_id = host_capture_id,
 };

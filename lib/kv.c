@@ -383,7 +383,7 @@ void cuvmm_kv_destroy(struct cuvmm_kv *kv)
 		cvm_warn("kv destroyed with %u blocks still allocated", kv->nblocks_live);
 	cvm_acct_live(&kv->acct, -(int64_t)atomic_load(&kv->acct.live));
 	/* Blocks freed without a stream may still be read by the GPU until the device is idle. */
-	cvm_drv_device_sync(CVM_DRV(kv->dev), kv->dev->index);
+	cvm_dev_sync(kv->dev);
 	for (uint32_t p = 0; p < kv->npages; p++)
 		fence_put(kv, kv->pg[p].fence);
 	for (uint32_t t = 0; t < kv->tensors; t++)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph.h"
 #include "log.h"
 #include "pool.h"
 
@@ -983,6 +984,7 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 	if (!p)
 		return;
 	cvm_ctx_remove_client(p->r.ctx, &p->client);
+	cvm_graph_forget_pool(p->r.ctx, p);
 	pthread_mutex_lock(&p->r.lock);
 	if (p->live)
 		cvm_warn("pool \"%s\" destroyed with %zu bytes still allocated", p->name, p->live);
@@ -1006,7 +1008,7 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 	}
 	pthread_mutex_unlock(&p->r.lock);
 	/* Whatever was freed without a stream may still be in use by the GPU until the device is idle. */
-	cvm_drv_device_sync(CVM_DRV(p->r.dev), p->r.dev->index);
+	cvm_dev_sync(p->r.dev);
 	cvm_region_fini(&p->r);
 	cvm_seg_fini(&p->vseg);
 	cvm_seg_fini(&p->fseg);
@@ -1014,14 +1016,13 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 	free(p);
 }
 
-static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr)
+/* The allocation itself. `stream` NULL: no stream-ordered reuse (also under capture, see pool_malloc). */
+static int pool_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr)
 {
 	struct cvm_run *run;
 	size_t k;
 	int err;
 
-	if (!p || !ptr || bytes == 0 || bytes > p->r.size)
-		return bytes > 0 && p && ptr ? CUVMM_ENOSPC : CUVMM_EINVAL;
 	pthread_mutex_lock(&p->r.lock);
 	if (p->r.sleep) {
 		err = CUVMM_ESTATE;
@@ -1050,6 +1051,60 @@ out:
 	return err;
 }
 
+/* The bytes the pool counts for a live allocation at `a` (a large one's size, a small one's class), or 0 if `a`
+ * is not one. Lock held. */
+static size_t live_bytes_locked(struct cuvmm_pool *p, uintptr_t a)
+{
+	size_t g = (a - p->r.base) >> p->r.gshift;
+	struct cvm_run *run = p->edge[g];
+	struct cvm_slab *s;
+	uint32_t slot;
+
+	if (run && run->kind == CVM_RUN_SLAB) {
+		s = slab_of(p, a, &slot);
+		return s && (s->live[slot / 64] & ((uint64_t)1 << (slot % 64))) ? s->size : 0;
+	}
+	if (!run || run->kind != CVM_RUN_USED || run->start != g || (a & (p->r.gran - 1)))
+		return 0;
+	return run->bytes;
+}
+
+/*
+ * Under stream capture (graph.h): memory the capture freed is reused inside its graph pool first; otherwise
+ * the pool serves it, with no stream-ordered reuse of memory freed on the capturing stream before the capture
+ * began (the graph's replays run later, maybe elsewhere: only memory whose freeing work has completed is
+ * taken), and the graph pool owns the result.
+ */
+static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr)
+{
+	uint64_t cap = 0;
+	void *q;
+	int err;
+
+	if (!p || !ptr || bytes == 0 || bytes > p->r.size)
+		return bytes > 0 && p && ptr ? CUVMM_ENOSPC : CUVMM_EINVAL;
+	err = cvm_drv_capture_id(CVM_DRV(p->r.dev), p->r.dev->index, stream, &cap);
+	if (err)
+		return err;
+	if (!cap)
+		return pool_alloc(p, bytes, stream, ptr);
+	if (cvm_graph_take(p->r.ctx, p, stream, cap, bytes, ptr))
+		return CUVMM_OK;
+	err = pool_alloc(p, bytes, NULL, &q);
+	if (err)
+		return err;
+	pthread_mutex_lock(&p->r.lock);
+	bytes = live_bytes_locked(p, (uintptr_t)q);
+	pthread_mutex_unlock(&p->r.lock);
+	err = cvm_graph_own(p->r.ctx, p, stream, cap, q, bytes);
+	if (err) {
+		cuvmm_free(p, q);
+		return err;
+	}
+	*ptr = q;
+	return CUVMM_OK;
+}
+
 int cuvmm_malloc(struct cuvmm_pool *p, size_t bytes, void **ptr)
 {
 	return pool_malloc(p, bytes, NULL, ptr);
@@ -1066,6 +1121,7 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 	struct cvm_run *run;
 	struct cvm_slab *s;
 	cvm_event ev = NULL;
+	uint64_t cap = 0;
 	uint32_t slot;
 	size_t g;
 	int err = CUVMM_OK;
@@ -1077,6 +1133,29 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		return CUVMM_OK;
 	if (a < p->r.base || a >= p->r.base + p->r.size || (a & 255))
 		return CUVMM_EINVAL;
+	if (async && stream) {
+		err = cvm_drv_capture_id(CVM_DRV(p->r.dev), p->r.dev->index, stream, &cap);
+		if (err)
+			return err;
+	}
+	if (cap || cvm_graph_maybe(&p->r.ctx->graphs)) {
+		/* Graph memory stays with its graph pool; memory freed under capture joins it. */
+		size_t bytes = 0;
+
+		if (cap) {
+			pthread_mutex_lock(&p->r.lock);
+			bytes = p->r.sleep ? 0 : live_bytes_locked(p, a);
+			err = p->r.sleep ? CUVMM_ESTATE : CUVMM_OK;
+			pthread_mutex_unlock(&p->r.lock);
+			if (err)
+				return err;
+		}
+		err = cvm_graph_free(p->r.ctx, p, ptr, stream, cap, bytes);
+		if (err > 0)
+			return CUVMM_OK;
+		if (err < 0 || cap)
+			return err < 0 ? err : CUVMM_EINVAL; /* under capture, not a live allocation */
+	}
 	g = (a - p->r.base) >> p->r.gshift;
 	pthread_mutex_lock(&p->r.lock);
 	if (p->r.sleep) {
@@ -1319,8 +1398,10 @@ again:
 		synced = true;
 		if (!err)
 			goto again;
-		cvm_err("pool \"%s\": synchronising the device to release memory failed: %s; will retry", p->name,
-			cuvmm_strerror(err));
+		/* EBUSY: a stream capture is under way (graph.h); expected, and over soon. */
+		if (err != CUVMM_EBUSY)
+			cvm_err("pool \"%s\": synchronising the device to release memory failed: %s; will retry",
+				p->name, cuvmm_strerror(err));
 		/* The runs that waited for it are still due: look again soon rather than never. */
 		if (now + CVM_SYNC_RETRY_NS < deadline)
 			deadline = now + CVM_SYNC_RETRY_NS;

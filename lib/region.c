@@ -573,7 +573,7 @@ static int fence_for(struct cuvmm_region *r, CUstream stream, size_t need, struc
 		return CUVMM_OK;
 	if (!stream) {
 		pthread_mutex_unlock(&r->lock);
-		err = cvm_drv_device_sync(CVM_DRV(r->dev), r->dev->index);
+		err = cvm_dev_sync(r->dev);
 		pthread_mutex_lock(&r->lock);
 		if (err)
 			return err;

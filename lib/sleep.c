@@ -92,6 +92,10 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 
 	if (r->sleep)
 		return CUVMM_ESTATE;
+	/* The copies and the fence must run now, not at a graph's replay. */
+	err = cvm_drv_refuse_captured(d, r->dev->index, stream);
+	if (err)
+		return err;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return CUVMM_ENOMEM;
@@ -116,7 +120,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		g += c ? cvm_span(r, c) : 1;
 	}
 	if (!stream) {
-		err = cvm_drv_device_sync(d, r->dev->index);
+		err = cvm_dev_sync(r->dev);
 		if (err)
 			goto fail;
 	}
@@ -178,6 +182,9 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 
 	if (!s)
 		return CUVMM_ESTATE;
+	err = cvm_drv_refuse_captured(d, r->dev->index, stream);
+	if (err)
+		return err;
 	for (i = 0; i < s->nchunks; i++) {
 		struct cvm_chunk *c;
 		bool last, adjacent;

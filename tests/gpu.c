@@ -38,6 +38,12 @@ static struct {
 	CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
 	CUresult (*MemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
 	CUresult (*GetErrorName)(CUresult, const char **);
+	CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
+	CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+	CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+	CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+	CUresult (*GraphExecDestroy)(CUgraphExec);
+	CUresult (*GraphDestroy)(CUgraph);
 } g;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -85,6 +91,12 @@ static void load(void)
 	bad |= sym(&g.MemcpyHtoD, "cuMemcpyHtoD_v2");
 	bad |= sym(&g.MemsetD32Async, "cuMemsetD32Async");
 	bad |= sym(&g.GetErrorName, "cuGetErrorName");
+	bad |= sym(&g.StreamBeginCapture, "cuStreamBeginCapture_v2");
+	bad |= sym(&g.StreamEndCapture, "cuStreamEndCapture");
+	bad |= sym(&g.GraphInstantiate, "cuGraphInstantiateWithFlags");
+	bad |= sym(&g.GraphLaunch, "cuGraphLaunch");
+	bad |= sym(&g.GraphExecDestroy, "cuGraphExecDestroy");
+	bad |= sym(&g.GraphDestroy, "cuGraphDestroy");
 	if (bad)
 		return;
 	if ((r = g.Init(0)) != CUDA_SUCCESS || (r = g.DeviceGet(&dev, 0)) != CUDA_SUCCESS ||
@@ -145,6 +157,42 @@ int tg_stream_query(CUstream stream)
 	int r = enter();
 
 	return r ? r : (int)g.StreamQuery(stream);
+}
+
+int tg_capture_begin(CUstream stream)
+{
+	int r = enter();
+
+	return r ? r : (int)g.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+int tg_capture_end(CUstream stream, CUgraphExec *exec)
+{
+	CUgraph graph = NULL;
+	int r = enter();
+
+	if (r)
+		return r;
+	r = (int)g.StreamEndCapture(stream, &graph);
+	if (r)
+		return r;
+	r = (int)g.GraphInstantiate(exec, graph, 0);
+	g.GraphDestroy(graph);
+	return r;
+}
+
+int tg_graph_launch(CUgraphExec exec, CUstream stream)
+{
+	int r = enter();
+
+	return r ? r : (int)g.GraphLaunch(exec, stream);
+}
+
+int tg_graph_destroy(CUgraphExec exec)
+{
+	int r = enter();
+
+	return r ? r : (int)g.GraphExecDestroy(exec);
 }
 
 int tg_ctx_sync(void)

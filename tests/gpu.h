@@ -28,6 +28,12 @@ int tg_stream_sync(CUstream stream);
 int tg_stream_query(CUstream stream);
 int tg_ctx_sync(void);
 
+/* Stream capture in global mode (PyTorch's default), and the graph it gives: end instantiates it. */
+int tg_capture_begin(CUstream stream);
+int tg_capture_end(CUstream stream, CUgraphExec *exec);
+int tg_graph_launch(CUgraphExec exec, CUstream stream);
+int tg_graph_destroy(CUgraphExec exec);
+
 /* Launch fill(p, n, v, iters) on stream (asynchronous). n counts uint32_t words. */
 int tg_fill(CUdeviceptr p, size_t n, uint32_t v, int iters, CUstream stream);
 /* Run check(p, n, v) on stream, wait for it and store the number of mismatching words in *bad. */

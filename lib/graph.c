@@ -1,0 +1,440 @@
+/*
+ * Graph memory: the registry of graph pools and of the captures the library has seen (graph.h).
+ */
+#include <stdlib.h>
+
+#include "ctx.h"
+#include "graph.h"
+#include "log.h"
+#include "pool.h"
+
+/* One allocation owned by a graph pool. */
+struct cvm_gblock {
+	struct cvm_gblock *hnext;          /* hash chain */
+	struct cvm_gblock *gnext, *gprev;  /* the graph pool's blocks */
+	struct cvm_gpool *gp;
+	struct cuvmm_pool *pool;
+	void *ptr;
+	size_t bytes;                      /* as the pool counts the allocation: what a reuse may use */
+	bool free;                         /* freed by the application: reusable inside the graph pool */
+	uint64_t free_cap;                 /* the capture it was freed in (0: outside any) */
+	CUstream free_stream;              /* ... and on which stream */
+};
+
+struct cvm_gpool {
+	struct cvm_gpool *next;
+	uint64_t id;
+	struct cvm_gblock head;            /* sentinel of the block list */
+	size_t nblocks;
+};
+
+/* A capture seen under way: which graph pool its memory joins, and whether it still runs. */
+struct cvm_capture {
+	struct cvm_capture *next;
+	uint64_t id;
+	CUstream stream;                   /* a stream of the capture, to ask whether it has ended */
+	int device;
+	struct cvm_gpool *gp;
+};
+
+int cvm_graphs_init(struct cvm_graphs *g)
+{
+	for (size_t i = 0; i < CVM_GRAPH_HASH; i++)
+		g->hash[i] = NULL;
+	g->pools = NULL;
+	g->captures = NULL;
+	atomic_init(&g->nblocks, 0);
+	atomic_init(&g->ncaptures, 0);
+	return pthread_mutex_init(&g->lock, NULL) ? CUVMM_ENOMEM : CUVMM_OK;
+}
+
+void cvm_graphs_fini(struct cvm_graphs *g)
+{
+	while (g->captures) {
+		struct cvm_capture *c = g->captures;
+
+		g->captures = c->next;
+		free(c);
+	}
+	while (g->pools) {
+		struct cvm_gpool *gp = g->pools;
+
+		g->pools = gp->next;
+		while (gp->head.gnext != &gp->head) {
+			struct cvm_gblock *b = gp->head.gnext;
+
+			gp->head.gnext = b->gnext;
+			free(b);
+		}
+		free(gp);
+	}
+	pthread_mutex_destroy(&g->lock);
+}
+
+static size_t hslot(const void *ptr)
+{
+	return ((uintptr_t)ptr >> 8) % CVM_GRAPH_HASH;
+}
+
+static struct cvm_gblock **hfind(struct cvm_graphs *g, const void *ptr)
+{
+	struct cvm_gblock **pp = &g->hash[hslot(ptr)];
+
+	while (*pp && (*pp)->ptr != ptr)
+		pp = &(*pp)->hnext;
+	return pp;
+}
+
+static void block_unlink(struct cvm_graphs *g, struct cvm_gblock *b)
+{
+	struct cvm_gblock **pp = hfind(g, b->ptr);
+
+	if (*pp == b)
+		*pp = b->hnext;
+	b->gprev->gnext = b->gnext;
+	b->gnext->gprev = b->gprev;
+	b->gp->nblocks--;
+	atomic_fetch_sub_explicit(&g->nblocks, 1, memory_order_release);
+}
+
+static struct cvm_gpool *gpool_find(struct cvm_graphs *g, uint64_t id)
+{
+	struct cvm_gpool *gp = g->pools;
+
+	while (gp && gp->id != id)
+		gp = gp->next;
+	return gp;
+}
+
+static struct cvm_gpool *gpool_new(struct cvm_graphs *g, uint64_t id)
+{
+	struct cvm_gpool *gp = calloc(1, sizeof(*gp));
+
+	if (!gp)
+		return NULL;
+	gp->id = id;
+	gp->head.gnext = gp->head.gprev = &gp->head;
+	gp->next = g->pools;
+	g->pools = gp;
+	return gp;
+}
+
+static struct cvm_capture *capture_find(struct cvm_graphs *g, uint64_t id)
+{
+	struct cvm_capture *c = g->captures;
+
+	while (c && c->id != id)
+		c = c->next;
+	return c;
+}
+
+/* The record of capture `cap` (created on first sight, with a graph pool named after it). Lock held. */
+static struct cvm_capture *capture_get(struct cvm_graphs *g, uint64_t cap, CUstream stream, int device)
+{
+	struct cvm_capture *c = capture_find(g, cap);
+
+	if (c)
+		return c;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->gp = gpool_find(g, cap);
+	if (!c->gp)
+		c->gp = gpool_new(g, cap);
+	if (!c->gp) {
+		free(c);
+		return NULL;
+	}
+	c->id = cap;
+	c->stream = stream;
+	c->device = device;
+	c->next = g->captures;
+	g->captures = c;
+	atomic_fetch_add(&g->ncaptures, 1);
+	return c;
+}
+
+static int block_add(struct cvm_graphs *g, struct cvm_gpool *gp, struct cuvmm_pool *p, void *ptr, size_t bytes,
+		     struct cvm_gblock **out)
+{
+	struct cvm_gblock *b = calloc(1, sizeof(*b)), **pp;
+
+	if (!b)
+		return CUVMM_ENOMEM;
+	b->gp = gp;
+	b->pool = p;
+	b->ptr = ptr;
+	b->bytes = bytes;
+	pp = &g->hash[hslot(ptr)];
+	b->hnext = *pp;
+	*pp = b;
+	b->gnext = &gp->head;
+	b->gprev = gp->head.gprev;
+	gp->head.gprev->gnext = b;
+	gp->head.gprev = b;
+	gp->nblocks++;
+	atomic_fetch_add_explicit(&g->nblocks, 1, memory_order_release);
+	*out = b;
+	return CUVMM_OK;
+}
+
+bool cvm_graph_take(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, CUstream stream, uint64_t cap, size_t bytes,
+		    void **ptr)
+{
+	struct cvm_graphs *g = &ctx->graphs;
+	struct cvm_capture *c;
+	struct cvm_gblock *best = NULL;
+
+	if (!cvm_graph_maybe(g))
+		return false;
+	pthread_mutex_lock(&g->lock);
+	c = capture_find(g, cap);
+	if (!c)
+		goto out;
+	/* Best fit, wasting at most as much as is asked for: a block freed outside this capture (an earlier
+	 * graph of the pool, replayed before this one), or freed in it on this very stream. */
+	for (struct cvm_gblock *b = c->gp->head.gnext; b != &c->gp->head; b = b->gnext) {
+		if (!b->free || b->pool != p || b->bytes < bytes || b->bytes / 2 > bytes)
+			continue;
+		if (b->free_cap == cap && b->free_stream != stream)
+			continue;
+		if (!best || b->bytes < best->bytes)
+			best = b;
+	}
+	if (best) {
+		best->free = false;
+		*ptr = best->ptr;
+	}
+out:
+	pthread_mutex_unlock(&g->lock);
+	return best != NULL;
+}
+
+int cvm_graph_own(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, CUstream stream, uint64_t cap, void *ptr,
+		  size_t bytes)
+{
+	struct cvm_graphs *g = &ctx->graphs;
+	struct cvm_capture *c;
+	struct cvm_gblock *b;
+	int err = CUVMM_ENOMEM;
+
+	pthread_mutex_lock(&g->lock);
+	c = capture_get(g, cap, stream, p->r.dev->index);
+	if (c)
+		err = block_add(g, c->gp, p, ptr, bytes, &b);
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, void *ptr, CUstream stream, uint64_t cap,
+		   size_t bytes)
+{
+	struct cvm_graphs *g = &ctx->graphs;
+	struct cvm_gblock *b;
+	struct cvm_capture *c;
+	int ret = 0;
+
+	pthread_mutex_lock(&g->lock);
+	b = *hfind(g, ptr);
+	if (b && b->pool == p) {
+		if (b->free) {
+			ret = CUVMM_EINVAL; /* double free */
+			goto out;
+		}
+		ret = 1;
+	} else if (cap) {
+		/* Memory from outside the capture, freed inside it: its graph uses it from now on. */
+		c = capture_get(g, cap, stream, p->r.dev->index);
+		ret = c ? block_add(g, c->gp, p, ptr, bytes, &b) : CUVMM_ENOMEM;
+		if (ret)
+			goto out;
+		ret = 1;
+	} else {
+		goto out;
+	}
+	b->free = true;
+	b->free_cap = cap;
+	b->free_stream = stream;
+out:
+	pthread_mutex_unlock(&g->lock);
+	return ret;
+}
+
+void cvm_graph_forget_pool(struct cuvmm_ctx *ctx, struct cuvmm_pool *p)
+{
+	struct cvm_graphs *g = &ctx->graphs;
+
+	if (!cvm_graph_maybe(g))
+		return;
+	pthread_mutex_lock(&g->lock);
+	for (struct cvm_gpool *gp = g->pools; gp; gp = gp->next) {
+		for (struct cvm_gblock *b = gp->head.gnext, *next; b != &gp->head; b = next) {
+			next = b->gnext;
+			if (b->pool == p) {
+				block_unlink(g, b);
+				free(b);
+			}
+		}
+	}
+	pthread_mutex_unlock(&g->lock);
+}
+
+/* Has capture c ended (or can it no longer be asked about)? Lock held; one driver call, legal under capture. */
+static bool capture_ended(struct cuvmm_ctx *ctx, struct cvm_capture *c)
+{
+	uint64_t id = 0;
+	struct cvm_dev *dev;
+
+	if (cvm_ctx_dev(ctx, c->device, &dev))
+		return true;
+	if (cvm_drv_capture_id(CVM_DRV(dev), c->device, c->stream, &id))
+		return true;
+	return id != c->id;
+}
+
+/* Forget the captures that have ended (their graph pools stay until released). Lock held. */
+static void captures_prune(struct cuvmm_ctx *ctx, int device)
+{
+	struct cvm_graphs *g = &ctx->graphs;
+
+	for (struct cvm_capture **pp = &g->captures, *c; (c = *pp);) {
+		if ((device < 0 || c->device == device) && capture_ended(ctx, c)) {
+			*pp = c->next;
+			free(c);
+			atomic_fetch_sub(&g->ncaptures, 1);
+		} else {
+			pp = &c->next;
+		}
+	}
+}
+
+bool cvm_graph_quiet(struct cuvmm_ctx *ctx, int device)
+{
+	struct cvm_graphs *g = &ctx->graphs;
+	bool quiet = true;
+
+	if (atomic_load(&g->ncaptures) == 0)
+		return true;
+	pthread_mutex_lock(&g->lock);
+	captures_prune(ctx, device);
+	for (struct cvm_capture *c = g->captures; c && quiet; c = c->next)
+		quiet = c->device != device;
+	pthread_mutex_unlock(&g->lock);
+	if (!quiet)
+		cvm_debug("device %d: a stream capture is under way; the device synchronisation waits for it", device);
+	return quiet;
+}
+
+int cuvmm_capture_pool(struct cuvmm_ctx *ctx, int device, CUstream stream, uint64_t share, uint64_t *graph_pool)
+{
+	struct cvm_graphs *g;
+	struct cvm_capture *c;
+	struct cvm_gpool *to;
+	struct cvm_dev *dev;
+	uint64_t cap = 0;
+	int err;
+
+	if (!ctx || !stream || !graph_pool)
+		return CUVMM_EINVAL;
+	err = cvm_ctx_dev(ctx, device, &dev);
+	if (err)
+		return err;
+	err = cvm_drv_capture_id(CVM_DRV(dev), device, stream, &cap);
+	if (err)
+		return err;
+	if (!cap)
+		return CUVMM_ESTATE;
+	g = &ctx->graphs;
+	pthread_mutex_lock(&g->lock);
+	to = share ? gpool_find(g, share) : NULL;
+	if (share && !to) {
+		err = CUVMM_EINVAL; /* no such graph pool (released, or never created) */
+		goto out;
+	}
+	c = capture_get(g, cap, stream, device);
+	if (!c) {
+		err = CUVMM_ENOMEM;
+		goto out;
+	}
+	if (to && c->gp != to) {
+		/* Join the shared pool: what this capture has already allocated goes with it. */
+		struct cvm_gpool *from = c->gp, **pp;
+
+		while (from->head.gnext != &from->head) {
+			struct cvm_gblock *b = from->head.gnext;
+
+			b->gprev->gnext = b->gnext;
+			b->gnext->gprev = b->gprev;
+			b->gp = to;
+			b->gnext = &to->head;
+			b->gprev = to->head.gprev;
+			to->head.gprev->gnext = b;
+			to->head.gprev = b;
+			to->nblocks++;
+		}
+		for (pp = &g->pools; *pp != from; pp = &(*pp)->next)
+			;
+		*pp = from->next;
+		free(from);
+		c->gp = to;
+	}
+	*graph_pool = c->gp->id;
+out:
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool)
+{
+	struct cvm_graphs *g;
+	struct cvm_gpool *gp, **pp;
+	struct cvm_gblock *freed = NULL;
+	int err = CUVMM_OK;
+
+	if (!ctx || !graph_pool)
+		return CUVMM_EINVAL;
+	g = &ctx->graphs;
+	pthread_mutex_lock(&g->lock);
+	captures_prune(ctx, -1);
+	for (pp = &g->pools; *pp && (*pp)->id != graph_pool; pp = &(*pp)->next)
+		;
+	gp = *pp;
+	if (!gp) {
+		err = CUVMM_EINVAL;
+		goto out;
+	}
+	for (struct cvm_capture *c = g->captures; c; c = c->next) {
+		if (c->gp == gp) {
+			err = CUVMM_EBUSY; /* a capture into it is still under way */
+			goto out;
+		}
+	}
+	*pp = gp->next;
+	/* Free blocks go back to their pools; live ones become ordinary allocations, freed as usual later. */
+	while (gp->head.gnext != &gp->head) {
+		struct cvm_gblock *b = gp->head.gnext;
+
+		block_unlink(g, b);
+		if (b->free) {
+			b->hnext = freed;
+			freed = b;
+		} else {
+			free(b);
+		}
+	}
+	free(gp);
+out:
+	pthread_mutex_unlock(&g->lock);
+	/* As cuvmm_free: reusable at once (the graphs are gone), unmapped only after a device synchronisation
+	 * (a replay may still be running). */
+	while (freed) {
+		struct cvm_gblock *b = freed;
+		int e = cuvmm_free(b->pool, b->ptr);
+
+		if (e && !err)
+			err = e;
+		freed = b->hnext;
+		free(b);
+	}
+	return err;
+}
