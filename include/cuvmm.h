@@ -696,6 +696,119 @@ CUVMM_API int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool);
 /** @} */
 
 /**
+ * @defgroup torch PyTorch allocator entry points
+ * What python/cuvmm/torch installs as PyTorch's CUDA allocator (torch.cuda.memory.CUDAPluggableAllocator,
+ * which takes a shared library and the names of a malloc and a free function; nothing here links to
+ * libtorch). One process-wide context; one pool per (name, device), created on first use; each thread's
+ * allocations go to the pool it chose with cuvmm_torch_use_pool(), the default pool ("torch") otherwise.
+ * Stream 0, PyTorch's default stream, is the legacy default stream here (stream-ordered, not "the device").
+ * @{
+ */
+
+/** PyTorch's view of one device: what torch.cuda.memory_stats() reports, from cuvmm's counters. */
+struct cuvmm_torch_stats {
+	size_t size;                    /**< sizeof(struct cuvmm_torch_stats), set by the caller */
+	uint64_t allocated_bytes;       /**< bytes PyTorch holds in tensors (as it asked for them) */
+	uint64_t peak_allocated_bytes;  /**< highest allocated_bytes since the last cuvmm_torch_reset_peak() */
+	uint64_t allocated_bytes_total; /**< bytes ever allocated (since cuvmm_torch_reset_totals()) */
+	uint64_t freed_bytes_total;     /**< bytes ever freed (likewise) */
+	uint64_t allocations;           /**< live allocations */
+	uint64_t peak_allocations;      /**< highest allocations since the last reset of peaks */
+	uint64_t allocation_count;      /**< allocations ever made (since cuvmm_torch_reset_totals()) */
+	uint64_t free_count;            /**< frees ever made (likewise) */
+	uint64_t reserved_bytes;        /**< physical memory the context holds on the device (held_bytes) */
+	uint64_t peak_reserved_bytes;   /**< highest reserved_bytes seen since the last reset of peaks */
+	uint64_t mapped_bytes;          /**< of reserved, mapped into pools */
+	uint64_t create_calls;          /**< cuMemCreate calls on the device (PyTorch's num_device_alloc) */
+	uint64_t release_calls;         /**< cuMemRelease calls on the device (num_device_free) */
+	uint64_t ooms;                  /**< allocations that failed for want of memory */
+};
+
+/**
+ * Create the process-wide context of the PyTorch integration (else the first allocation creates one with
+ * cuvmm_config_init() defaults).
+ * @param[in] cfg configuration; NULL: defaults and CUVMM_* environment variables
+ * @return CUVMM_OK; CUVMM_ESTATE if the context exists already; as cuvmm_ctx_create() otherwise
+ */
+CUVMM_API int cuvmm_torch_init(const struct cuvmm_config *cfg);
+
+/**
+ * @return the PyTorch integration's context, or NULL before cuvmm_torch_init() or the first allocation
+ */
+CUVMM_API struct cuvmm_ctx *cuvmm_torch_ctx(void);
+
+/**
+ * PyTorch's malloc (CUDAPluggableAllocator's alloc_fn): stream-ordered on @p stream, from the calling
+ * thread's pool. When the device is full, the context's cached memory is given back and the allocation tried
+ * once more. PyTorch cannot be told why an allocation failed: the reason is logged as an error.
+ * @param[in] size bytes; 0 gives NULL
+ * @param[in] device the CUDA device
+ * @param[in] stream a cudaStream_t; 0 is the legacy default stream
+ * @return the device address, or NULL on failure
+ */
+CUVMM_API void *cuvmm_torch_malloc(size_t size, int device, void *stream);
+
+/**
+ * PyTorch's free (CUDAPluggableAllocator's free_fn), in stream order on the allocation's stream and after the
+ * work of every stream given to cuvmm_torch_record_stream() for it. Errors are logged.
+ * @param[in] ptr the address; NULL is a no-op
+ * @param[in] size the size it was allocated with
+ * @param[in] device its device
+ * @param[in] stream the stream it was allocated on
+ */
+CUVMM_API void cuvmm_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/**
+ * Tensor.record_stream: the allocation at @p ptr is also used on @p stream, so its free waits for the work
+ * queued there before the free.
+ * @param[in] ptr an address from cuvmm_torch_malloc() (the start of the allocation)
+ * @param[in] stream a cudaStream_t; 0 is the legacy default stream
+ * @return CUVMM_OK; CUVMM_EINVAL if no pool of the integration holds @p ptr; CUVMM_ENOMEM
+ */
+CUVMM_API int cuvmm_torch_record_stream(void *ptr, void *stream);
+
+/**
+ * Send the calling thread's later allocations to the pool named @p name (one per device, created on first
+ * use).
+ * @param[in] name up to 31 bytes; NULL or "": the default pool
+ * @return CUVMM_OK; CUVMM_EINVAL for a name too long; CUVMM_ENOSPC when 15 names are in use already
+ */
+CUVMM_API int cuvmm_torch_use_pool(const char *name);
+
+/**
+ * The pool of @p name on @p device, created if needed (for its statistics, sleep and wake).
+ * @param[in] name as for cuvmm_torch_use_pool()
+ * @param[in] device the device
+ * @param[out] out the pool, owned by the integration: never destroy it
+ * @return CUVMM_OK; CUVMM_EINVAL for a bad argument; as cuvmm_pool_create() otherwise
+ */
+CUVMM_API int cuvmm_torch_pool(const char *name, int device, struct cuvmm_pool **out);
+
+/**
+ * PyTorch's view of one device's memory.
+ * @param[in] device the device
+ * @param[in,out] out statistics; out->size must be set
+ * @return CUVMM_OK, or CUVMM_EINVAL for a bad argument
+ */
+CUVMM_API int cuvmm_torch_stats(int device, struct cuvmm_torch_stats *out);
+
+/**
+ * torch.cuda.reset_peak_memory_stats(): peaks start again from the current values.
+ * @param[in] device the device
+ * @return CUVMM_OK, or CUVMM_EINVAL for a bad device
+ */
+CUVMM_API int cuvmm_torch_reset_peak(int device);
+
+/**
+ * torch.cuda.reset_accumulated_memory_stats(): the totals and counts start again from 0.
+ * @param[in] device the device
+ * @return CUVMM_OK, or CUVMM_EINVAL for a bad device
+ */
+CUVMM_API int cuvmm_torch_reset_totals(int device);
+
+/** @} */
+
+/**
  * @defgroup fault Fault injection
  * Make chosen driver calls fail, to test error paths (the library's own and the application's). Works on
  * both backends: a failing call is not passed to the driver at all.
