@@ -135,6 +135,30 @@ PROTOTYPES = {
 }
 
 
+def _int_range(t):
+    """(lo, hi) of an integer ctypes type; None for other types (pointers, bool)."""
+    code = getattr(t, "_type_", None)
+    if not isinstance(code, str) or code not in "bBhHiIlLqQ":
+        return None
+    bits = 8 * ctypes.sizeof(t)
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if code.islower() else (0, (1 << bits) - 1)
+
+
+# name: ((argument index, lo, hi), ...) for the integer arguments. ctypes wraps an int that does not fit
+# (-1 becomes SIZE_MAX, 2**32 becomes 0) without a word; bad_int_arg finds it first.
+INT_ARGS = {name: tuple((i,) + _int_range(t) for i, t in enumerate(argtypes) if _int_range(t))
+            for name, (_, argtypes) in PROTOTYPES.items()}
+
+
+def bad_int_arg(fn, args):
+    """A message for the first int argument of fn(*args) that its C type cannot hold; None if none."""
+    for i, lo, hi in INT_ARGS[fn.__name__]:
+        v = args[i]
+        if isinstance(v, int) and not lo <= v <= hi:
+            return "argument %d = %d does not fit its C type [%d, %d]" % (i, v, lo, hi)
+    return None
+
+
 def _candidates():
     """(description, path or soname) pairs in lookup order."""
     here = os.path.dirname(os.path.abspath(__file__))

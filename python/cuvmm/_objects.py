@@ -10,7 +10,7 @@ import ctypes
 import threading
 
 from ._errors import _BY_CODE, Backend, Call, ClosedError, Error, ErrorCode, check
-from ._lib import KVConfig, KVMove, PoolConfig, StatsStruct, Config, lib
+from ._lib import Config, KVConfig, KVMove, PoolConfig, StatsStruct, bad_int_arg, lib
 
 __all__ = ["Context", "Pool", "Region", "KV", "Stats"]
 
@@ -66,11 +66,19 @@ class Stats:
         return "Stats(%s)" % ", ".join("%s=%d" % kv for kv in self.items())
 
 
-def _stats(fn, *args):
-    st = StatsStruct()
-    st.size = ctypes.sizeof(StatsStruct)
-    check(fn(*args, ctypes.byref(st)), fn.__name__)
-    return Stats._from_struct(st)
+def _checked(fn, *args):
+    """fn(*args), after refusing an int argument that its C type would silently wrap (EINVAL)."""
+    bad = bad_int_arg(fn, args)
+    if bad:
+        raise Error(ErrorCode.EINVAL, fn.__name__, bad)
+    return fn(*args)
+
+
+def _set(st, field, value, function):
+    """st.field = value, refusing a value that the field would silently wrap or truncate (EINVAL)."""
+    setattr(st, field, value)
+    if getattr(st, field) != value:
+        raise Error(ErrorCode.EINVAL, function, "%s=%r out of range" % (field, value))
 
 
 def _stream(stream):
@@ -164,21 +172,23 @@ class _Handle:
     def _leave(self):
         self._s.leave()
 
-    def _call(self, fn, *args):
-        """fn(handle, *args), raising Error for a negative return code."""
+    def _get(self, fn, *args):
+        """fn(handle, *args)."""
         h = self._enter()
         try:
-            return check(fn(h, *args), fn.__name__)
+            return _checked(fn, h, *args)
         finally:
             self._leave()
 
-    def _get(self, fn, *args):
-        """fn(handle, *args) for a function that cannot fail."""
-        h = self._enter()
-        try:
-            return fn(h, *args)
-        finally:
-            self._leave()
+    def _call(self, fn, *args):
+        """fn(handle, *args), raising Error for a negative return code."""
+        return check(self._get(fn, *args), fn.__name__)
+
+    def _stats(self, fn, *args):
+        st = StatsStruct()
+        st.size = ctypes.sizeof(StatsStruct)
+        self._call(fn, *args, ctypes.byref(st))
+        return Stats._from_struct(st)
 
     @property
     def closed(self):
@@ -248,20 +258,17 @@ class Context(_Handle):
                  background_release=None, host_granularity=None):
         cfg = Config()
         lib.cuvmm_config_init(ctypes.byref(cfg))
+        fn = "cuvmm_ctx_create"
         if backend is not None:
             cfg.backend = _backend(backend)
-        if release_delay_ms is not None:
-            if release_delay_ms < -1:
-                raise Error(ErrorCode.EINVAL, "cuvmm_ctx_create", "release_delay_ms=%r" % release_delay_ms)
-            cfg.release_delay_ms = release_delay_ms
         if background_release is not None:
             cfg.background_release = bool(background_release)
-        for field, value in (("retain_bytes", retain_bytes), ("device_limit_bytes", device_limit_bytes),
-                             ("host_granularity", host_granularity)):
+        for field, value in (("release_delay_ms", release_delay_ms), ("retain_bytes", retain_bytes),
+                             ("device_limit_bytes", device_limit_bytes), ("host_granularity", host_granularity)):
             if value is not None:
-                if value < 0:  # ctypes would wrap it to a huge size_t
-                    raise Error(ErrorCode.EINVAL, "cuvmm_ctx_create", "%s=%r" % (field, value))
-                setattr(cfg, field, value)
+                if value < (-1 if field == "release_delay_ms" else 0):
+                    raise Error(ErrorCode.EINVAL, fn, "%s=%r" % (field, value))
+                _set(cfg, field, value, fn)
         out = ctypes.c_void_p()
         check(lib.cuvmm_ctx_create(ctypes.byref(cfg), ctypes.byref(out)), "cuvmm_ctx_create")
         self._s = _State(lib.cuvmm_ctx_destroy)
@@ -280,11 +287,7 @@ class Context(_Handle):
 
     def stats(self, device=0):
         """Stats of one device: everything the context holds there, and the live bytes of its objects."""
-        h = self._enter()
-        try:
-            return _stats(lib.cuvmm_ctx_stats, h, device)
-        finally:
-            self._leave()
+        return self._stats(lib.cuvmm_ctx_stats, device)
 
     def trim(self, device=-1, keep_bytes=0):
         """Give free physical memory back now, beyond keep_bytes per device (device -1: all)."""
@@ -327,7 +330,7 @@ class _Child(_Handle):
         h = ctx._enter()
         try:
             out = ctypes.c_void_p()
-            check(create(h, *args, ctypes.byref(out)), create.__name__)
+            check(_checked(create, h, *args, ctypes.byref(out)), create.__name__)
             self._s = _State(type(self)._destroy, ctx._s)
             self._s.h = out.value
             ctx._s.children.add(self._s)
@@ -339,11 +342,7 @@ class _Child(_Handle):
         return self._ctx
 
     def stats(self):
-        h = self._enter()
-        try:
-            return _stats(self._stats_fn, h)
-        finally:
-            self._leave()
+        return self._stats(self._stats_fn)
 
 
 def _sleep_mode(offload):
@@ -359,8 +358,8 @@ class Pool(_Child):
     def __init__(self, ctx, name, device=0, max_bytes=0):
         cfg = PoolConfig()
         lib.cuvmm_pool_config_init(ctypes.byref(cfg))
-        cfg.device = device
-        cfg.max_bytes = max_bytes
+        _set(cfg, "device", device, "cuvmm_pool_create")
+        _set(cfg, "max_bytes", max_bytes, "cuvmm_pool_create")
         self.name = name
         self.device = device
         cfg.name = None if name is None else str(name).encode()  # the library copies it
@@ -456,12 +455,9 @@ class KV(_Child):
     def __init__(self, ctx, block_bytes, max_blocks, tensors=1, device=0):
         cfg = KVConfig()
         lib.cuvmm_kv_config_init(ctypes.byref(cfg))
-        cfg.device = device
-        cfg.block_bytes = block_bytes
-        cfg.max_blocks = max_blocks
-        cfg.tensors = tensors
-        if cfg.block_bytes != block_bytes or cfg.max_blocks != max_blocks or cfg.tensors != tensors:
-            raise Error(ErrorCode.EINVAL, "cuvmm_kv_create", "a field out of range")
+        for field, value in (("device", device), ("block_bytes", block_bytes), ("max_blocks", max_blocks),
+                             ("tensors", tensors)):
+            _set(cfg, field, value, "cuvmm_kv_create")
         self.device, self.block_bytes, self.max_blocks, self.tensors = device, block_bytes, max_blocks, tensors
         super().__init__(ctx, lib.cuvmm_kv_create, ctypes.byref(cfg))
 
@@ -477,7 +473,7 @@ class KV(_Child):
 
     def alloc(self, n):
         """Allocate n block ids (all or nothing), backed in every tensor; returns a list of ints."""
-        if n <= 0:  # the C call rejects 0; a negative n would wrap to a huge uint32
+        if not 0 < n <= 0xFFFFFFFF:  # before the array is made; the C call rejects 0
             raise Error(ErrorCode.EINVAL, "cuvmm_kv_alloc", "n=%d" % n)
         ids = (ctypes.c_uint32 * n)()
         self._call(lib.cuvmm_kv_alloc, n, ids)
@@ -496,6 +492,7 @@ class KV(_Child):
         allocated for the caller: copy, then free the `from` blocks (or free the `to` ones to drop the plan)."""
         if max_moves <= 0:
             return []
+        max_moves = min(max_moves, self.max_blocks)  # a move per block in use at most
         moves = (KVMove * max_moves)()
         n = ctypes.c_uint32()
         self._call(lib.cuvmm_kv_compact, max_moves, moves, ctypes.byref(n))

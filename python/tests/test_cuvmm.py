@@ -397,6 +397,35 @@ class TestPool(unittest.TestCase):
         self.pool.close()
 
 
+class TestLimits(unittest.TestCase):
+    """Ints that the C types cannot hold: ctypes would wrap them silently (-1 to SIZE_MAX, 2**32 to 0)."""
+
+    def test_out_of_range_ints(self):
+        with new_ctx() as ctx, ctx.pool("lim") as pool, ctx.region(8 * MiB) as r, ctx.kv(4096, 64) as kv:
+            g = r.granularity
+            calls = [
+                lambda: pool.malloc(-1), lambda: pool.malloc(1 << 64), lambda: pool.trim(-1),
+                lambda: pool.free(-256), lambda: r.map(-g, g), lambda: r.unmap(0, (1 << 64) + g),
+                lambda: r.resize(-1), lambda: kv.alloc(1 << 32), lambda: kv.alloc(-1),
+                lambda: ctx.stats(1 << 31), lambda: ctx.trim(0, -1), lambda: ctx.pool("x", max_bytes=-1),
+                lambda: ctx.pool("x", device=1 << 31), lambda: ctx.region(-1), lambda: ctx.kv(4096, 1 << 32),
+                lambda: ctx.kv(-4096, 10), lambda: ctx.inject_fault("map", count=1 << 32),
+                lambda: ctx.inject_fault("map", skip=-1), lambda: cuvmm.Context(retain_bytes=1 << 64),
+            ]
+            for i, call in enumerate(calls):
+                with self.assertRaises(cuvmm.InvalidArgument, msg="call %d" % i) as cm:
+                    call()
+                self.assertEqual(cm.exception.name, "CUVMM_EINVAL")
+            with self.assertRaises(IndexError):
+                kv.tensor(1 << 32)
+            with self.assertRaises(IndexError):
+                kv.tensor(-1)
+            self.assertEqual(pool.stats().live_bytes, 0)
+            self.assertEqual(kv.stats().live_bytes, 0)
+            self.assertEqual(ctx.call_count("map"), 0)  # nothing reached the driver
+            self.assertEqual(kv.compact(1 << 40), [])
+
+
 class TestRegion(unittest.TestCase):
     def setUp(self):
         self.ctx = new_ctx()
