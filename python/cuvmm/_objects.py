@@ -239,8 +239,11 @@ def _err_code(err):
     if isinstance(err, str):
         name = err.upper()
         return ErrorCode[name[6:] if name.startswith("CUVMM_") else name]
-    if isinstance(err, type) and issubclass(err, Error):
-        return next(c for c, k in _BY_CODE.items() if k is err)
+    if isinstance(err, type):
+        for code, cls in _BY_CODE.items():
+            if cls is err:
+                return code
+        raise ValueError("%s names no single error code" % err.__name__)
     return int(err)
 
 
