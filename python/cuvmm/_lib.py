@@ -1,0 +1,213 @@
+"""ctypes binding of libcuvmm.so: finding the library, the structs of <cuvmm.h>, every function's prototype.
+
+Nothing here is public; the classes in _objects.py and the functions in __init__.py are the Python API.
+The structs mirror include/cuvmm.h field for field (tests/test_cuvmm.py compares them with the C compiler's
+offsetof when the build tree's layout probe is available).
+"""
+
+import ctypes
+import ctypes.util
+import os
+
+__all__ = ["lib", "path", "Config", "PoolConfig", "KVConfig", "StatsStruct", "KVMove"]
+
+c_size_t = ctypes.c_size_t
+c_void_p = ctypes.c_void_p
+c_int = ctypes.c_int
+c_uint32 = ctypes.c_uint32
+c_uint64 = ctypes.c_uint64
+c_int64 = ctypes.c_int64
+c_char_p = ctypes.c_char_p
+c_bool = ctypes.c_bool
+c_enum = ctypes.c_int  # every enum of <cuvmm.h> fits an int (gcc and clang give them int's size)
+CUstream = ctypes.c_void_p
+
+_SONAMES = ("libcuvmm.so", "libcuvmm.so.0")
+
+
+class Config(ctypes.Structure):
+    """struct cuvmm_config"""
+    _fields_ = [
+        ("size", c_size_t),
+        ("backend", c_enum),
+        ("release_delay_ms", c_int64),
+        ("retain_bytes", c_size_t),
+        ("background_release", c_bool),
+        ("device_limit_bytes", c_size_t),
+        ("host_granularity", c_size_t),
+    ]
+
+
+class StatsStruct(ctypes.Structure):
+    """struct cuvmm_stats"""
+    _fields_ = [
+        ("size", c_size_t),
+        ("reserved_bytes", c_uint64),
+        ("held_bytes", c_uint64),
+        ("mapped_bytes", c_uint64),
+        ("live_bytes", c_uint64),
+        ("peak_held_bytes", c_uint64),
+        ("peak_live_bytes", c_uint64),
+        ("create_calls", c_uint64),
+        ("release_calls", c_uint64),
+        ("map_calls", c_uint64),
+        ("unmap_calls", c_uint64),
+        ("driver_ns", c_uint64),
+    ]
+
+
+class PoolConfig(ctypes.Structure):
+    """struct cuvmm_pool_config"""
+    _fields_ = [
+        ("size", c_size_t),
+        ("device", c_int),
+        ("max_bytes", c_size_t),
+        ("name", c_char_p),
+    ]
+
+
+class KVConfig(ctypes.Structure):
+    """struct cuvmm_kv_config"""
+    _fields_ = [
+        ("size", c_size_t),
+        ("device", c_int),
+        ("block_bytes", c_size_t),
+        ("max_blocks", c_uint32),
+        ("tensors", c_uint32),
+    ]
+
+
+class KVMove(ctypes.Structure):
+    """struct cuvmm_kv_move"""
+    _fields_ = [("from_", c_uint32), ("to", c_uint32)]
+
+
+LOG_FN = ctypes.CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
+
+P = ctypes.POINTER
+# name: (restype, argtypes). Every public function of <cuvmm.h>; tests check that none is missing.
+PROTOTYPES = {
+    "cuvmm_strerror": (c_char_p, [c_int]),
+    "cuvmm_err_name": (c_char_p, [c_int]),
+    "cuvmm_last_driver_error": (c_int, []),
+    "cuvmm_version": (c_char_p, []),
+    "cuvmm_set_log_callback": (None, [LOG_FN, c_void_p, c_enum]),
+    "cuvmm_config_init": (None, [P(Config)]),
+    "cuvmm_ctx_create": (c_int, [P(Config), P(c_void_p)]),
+    "cuvmm_ctx_destroy": (None, [c_void_p]),
+    "cuvmm_ctx_backend": (c_enum, [c_void_p]),
+    "cuvmm_ctx_device_count": (c_int, [c_void_p, P(c_int)]),
+    "cuvmm_ctx_trim": (c_int, [c_void_p, c_int, c_size_t]),
+    "cuvmm_ctx_stats": (c_int, [c_void_p, c_int, P(StatsStruct)]),
+    "cuvmm_region_create": (c_int, [c_void_p, c_int, c_size_t, P(c_void_p)]),
+    "cuvmm_region_create_ex": (c_int, [c_void_p, c_int, c_size_t, c_size_t, P(c_void_p)]),
+    "cuvmm_region_destroy": (None, [c_void_p]),
+    "cuvmm_region_base": (c_void_p, [c_void_p]),
+    "cuvmm_region_size": (c_size_t, [c_void_p]),
+    "cuvmm_region_granularity": (c_size_t, [c_void_p]),
+    "cuvmm_region_map": (c_int, [c_void_p, c_size_t, c_size_t]),
+    "cuvmm_region_unmap": (c_int, [c_void_p, c_size_t, c_size_t, CUstream]),
+    "cuvmm_region_resize": (c_int, [c_void_p, c_size_t, CUstream]),
+    "cuvmm_region_stats": (c_int, [c_void_p, P(StatsStruct)]),
+    "cuvmm_pool_config_init": (None, [P(PoolConfig)]),
+    "cuvmm_pool_create": (c_int, [c_void_p, P(PoolConfig), P(c_void_p)]),
+    "cuvmm_pool_destroy": (None, [c_void_p]),
+    "cuvmm_malloc": (c_int, [c_void_p, c_size_t, P(c_void_p)]),
+    "cuvmm_free": (c_int, [c_void_p, c_void_p]),
+    "cuvmm_malloc_async": (c_int, [c_void_p, c_size_t, CUstream, P(c_void_p)]),
+    "cuvmm_free_async": (c_int, [c_void_p, c_void_p, CUstream]),
+    "cuvmm_pool_trim": (c_int, [c_void_p, c_size_t]),
+    "cuvmm_pool_stats": (c_int, [c_void_p, P(StatsStruct)]),
+    "cuvmm_kv_config_init": (None, [P(KVConfig)]),
+    "cuvmm_kv_create": (c_int, [c_void_p, P(KVConfig), P(c_void_p)]),
+    "cuvmm_kv_destroy": (None, [c_void_p]),
+    "cuvmm_kv_tensor": (c_void_p, [c_void_p, c_uint32]),
+    "cuvmm_kv_alloc": (c_int, [c_void_p, c_uint32, P(c_uint32)]),
+    "cuvmm_kv_free": (c_int, [c_void_p, c_uint32, P(c_uint32), CUstream]),
+    "cuvmm_kv_compact": (c_int, [c_void_p, c_uint32, P(KVMove), P(c_uint32)]),
+    "cuvmm_kv_stats": (c_int, [c_void_p, P(StatsStruct)]),
+    "cuvmm_region_sleep": (c_int, [c_void_p, c_enum, CUstream]),
+    "cuvmm_region_wake": (c_int, [c_void_p, CUstream]),
+    "cuvmm_pool_sleep": (c_int, [c_void_p, c_enum, CUstream]),
+    "cuvmm_pool_wake": (c_int, [c_void_p, CUstream]),
+    "cuvmm_ctx_inject_fault": (c_int, [c_void_p, c_enum, c_uint64, c_uint32, c_int]),
+    "cuvmm_ctx_call_count": (c_uint64, [c_void_p, c_enum]),
+}
+
+
+def _int_range(t):
+    """(lo, hi) of an integer ctypes type; None for other types (pointers, bool)."""
+    code = getattr(t, "_type_", None)
+    if not isinstance(code, str) or code not in "bBhHiIlLqQ":
+        return None
+    bits = 8 * ctypes.sizeof(t)
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if code.islower() else (0, (1 << bits) - 1)
+
+
+# name: ((argument index, lo, hi), ...) for the integer arguments. ctypes wraps an int that does not fit
+# (-1 becomes SIZE_MAX, 2**32 becomes 0) without a word; bad_int_arg finds it first.
+INT_ARGS = {name: tuple((i,) + _int_range(t) for i, t in enumerate(argtypes) if _int_range(t))
+            for name, (_, argtypes) in PROTOTYPES.items()}
+
+
+def bad_int_arg(fn, args):
+    """A message for the first int argument of fn(*args) that its C type cannot hold; None if none."""
+    for i, lo, hi in INT_ARGS[fn.__name__]:
+        v = args[i]
+        if isinstance(v, int) and not lo <= v <= hi:
+            return "argument %d = %d does not fit its C type [%d, %d]" % (i, v, lo, hi)
+    return None
+
+
+def _candidates():
+    """(description, path or soname) pairs in lookup order."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = os.environ.get("CUVMM_LIBRARY")
+    if env:
+        # An explicit choice: nothing else is tried, so a wrong path fails loudly instead of silently
+        # loading another copy.
+        return [("$CUVMM_LIBRARY", env)]
+    out = []
+    try:
+        from . import _config  # written by meson at install time
+    except ImportError:
+        _config = None
+    if _config is not None:
+        dirs = [os.path.normpath(os.path.join(here, _config.LIBDIR_FROM_PACKAGE)), _config.LIBDIR]
+        for d in dict.fromkeys(dirs):
+            out += [("installed libdir", os.path.join(d, n)) for n in _SONAMES]
+    # Run from the source tree (PYTHONPATH=python): the default build directory.
+    src_build = os.path.normpath(os.path.join(here, "..", "..", "build", "lib"))
+    out += [("source tree build", os.path.join(src_build, n)) for n in _SONAMES]
+    found = ctypes.util.find_library("cuvmm")
+    out.append(("system loader", found or "libcuvmm.so.0"))
+    return out
+
+
+def _load():
+    tried = []
+    for what, cand in _candidates():
+        if os.sep in cand and not os.path.exists(cand):
+            tried.append("%s: %s (no such file)" % (what, cand))
+            continue
+        try:
+            return ctypes.CDLL(cand), cand
+        except OSError as e:
+            tried.append("%s: %s (%s)" % (what, cand, e))
+    raise ImportError("cuvmm: cannot load libcuvmm.so; tried:\n  " + "\n  ".join(tried) +
+                      "\nInstall cuvmm (meson install), or point CUVMM_LIBRARY at the library, "
+                      "e.g. CUVMM_LIBRARY=build/lib/libcuvmm.so")
+
+
+def _bind(handle, where):
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        try:
+            fn = getattr(handle, name)
+        except AttributeError:
+            raise ImportError("cuvmm: %s lacks %s (an older libcuvmm?)" % (where, name)) from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+lib, path = _load()
+_bind(lib, path)
