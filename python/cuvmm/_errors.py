@@ -43,6 +43,7 @@ class Call(enum.IntEnum):
     STREAM_WAIT = 12
     HOST_ALLOC = 13
     COPY = 14
+    CAPTURE_INFO = 15
 
 
 class LogLevel(enum.IntEnum):

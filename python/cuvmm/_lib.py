@@ -9,7 +9,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["lib", "path", "Config", "PoolConfig", "KVConfig", "StatsStruct", "KVMove"]
+__all__ = ["lib", "path", "Config", "PoolConfig", "KVConfig", "StatsStruct", "KVMove", "TorchStats"]
 
 c_size_t = ctypes.c_size_t
 c_void_p = ctypes.c_void_p
@@ -82,6 +82,14 @@ class KVMove(ctypes.Structure):
     _fields_ = [("from_", c_uint32), ("to", c_uint32)]
 
 
+class TorchStats(ctypes.Structure):
+    """struct cuvmm_torch_stats"""
+    _fields_ = [("size", c_size_t)] + [(n, c_uint64) for n in (
+        "allocated_bytes", "peak_allocated_bytes", "allocated_bytes_total", "freed_bytes_total",
+        "allocations", "peak_allocations", "allocation_count", "free_count", "reserved_bytes",
+        "peak_reserved_bytes", "mapped_bytes", "create_calls", "release_calls", "ooms")]
+
+
 LOG_FN = ctypes.CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
 
 P = ctypes.POINTER
@@ -132,6 +140,18 @@ PROTOTYPES = {
     "cuvmm_pool_wake": (c_int, [c_void_p, CUstream]),
     "cuvmm_ctx_inject_fault": (c_int, [c_void_p, c_enum, c_uint64, c_uint32, c_int]),
     "cuvmm_ctx_call_count": (c_uint64, [c_void_p, c_enum]),
+    "cuvmm_capture_pool": (c_int, [c_void_p, c_int, CUstream, c_uint64, P(c_uint64)]),
+    "cuvmm_graph_release": (c_int, [c_void_p, c_uint64]),
+    "cuvmm_torch_init": (c_int, [P(Config)]),
+    "cuvmm_torch_ctx": (c_void_p, []),
+    "cuvmm_torch_malloc": (c_void_p, [c_size_t, c_int, CUstream]),
+    "cuvmm_torch_free": (None, [c_void_p, c_size_t, c_int, CUstream]),
+    "cuvmm_torch_record_stream": (c_int, [c_void_p, CUstream]),
+    "cuvmm_torch_use_pool": (c_int, [c_char_p]),
+    "cuvmm_torch_pool": (c_int, [c_char_p, c_int, P(c_void_p)]),
+    "cuvmm_torch_stats": (c_int, [c_int, P(TorchStats)]),
+    "cuvmm_torch_reset_peak": (c_int, [c_int]),
+    "cuvmm_torch_reset_totals": (c_int, [c_int]),
 }
 
 

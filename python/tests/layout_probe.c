@@ -42,6 +42,21 @@ int main(void)
 	SIZE(cuvmm_kv_move);
 	OFF(cuvmm_kv_move, from);
 	OFF(cuvmm_kv_move, to);
+	SIZE(cuvmm_torch_stats);
+	OFF(cuvmm_torch_stats, allocated_bytes);
+	OFF(cuvmm_torch_stats, peak_allocated_bytes);
+	OFF(cuvmm_torch_stats, allocated_bytes_total);
+	OFF(cuvmm_torch_stats, freed_bytes_total);
+	OFF(cuvmm_torch_stats, allocations);
+	OFF(cuvmm_torch_stats, peak_allocations);
+	OFF(cuvmm_torch_stats, allocation_count);
+	OFF(cuvmm_torch_stats, free_count);
+	OFF(cuvmm_torch_stats, reserved_bytes);
+	OFF(cuvmm_torch_stats, peak_reserved_bytes);
+	OFF(cuvmm_torch_stats, mapped_bytes);
+	OFF(cuvmm_torch_stats, create_calls);
+	OFF(cuvmm_torch_stats, release_calls);
+	OFF(cuvmm_torch_stats, ooms);
 	printf("enum.sizeof %zu\n", sizeof(enum cuvmm_call));
 	VAL(CUVMM_BACKEND_AUTO);
 	VAL(CUVMM_BACKEND_CUDA);
@@ -67,6 +82,7 @@ int main(void)
 	VAL(CUVMM_CALL_STREAM_WAIT);
 	VAL(CUVMM_CALL_HOST_ALLOC);
 	VAL(CUVMM_CALL_COPY);
+	VAL(CUVMM_CALL_CAPTURE_INFO);
 	VAL(CUVMM_CALL_COUNT_);
 #define CUVMM_ERR_VAL_(name, value, msg) printf("CUVMM_%s %d\n", #name, CUVMM_##name);
 	CUVMM_ERRNO_MAP(CUVMM_ERR_VAL_)

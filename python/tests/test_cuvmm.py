@@ -117,7 +117,7 @@ class TestLayout(unittest.TestCase):
     def test_structs(self):
         for cname, st in (("cuvmm_config", _lib.Config), ("cuvmm_stats", _lib.StatsStruct),
                           ("cuvmm_pool_config", _lib.PoolConfig), ("cuvmm_kv_config", _lib.KVConfig),
-                          ("cuvmm_kv_move", _lib.KVMove)):
+                          ("cuvmm_kv_move", _lib.KVMove), ("cuvmm_torch_stats", _lib.TorchStats)):
             self.assertEqual(ctypes.sizeof(st), self.c[cname + ".sizeof"], cname)
             for field, _ in st._fields_:
                 if field == "size":

@@ -27,43 +27,13 @@ _enabled = False
 _lock = threading.Lock()
 _tls = threading.local()
 
-_P = ctypes.POINTER
-_vp = ctypes.c_void_p
 
 
-class TorchStats(ctypes.Structure):
-    _fields_ = [("size", ctypes.c_size_t)] + [(n, ctypes.c_uint64) for n in (
-        "allocated_bytes", "peak_allocated_bytes", "allocated_bytes_total", "freed_bytes_total",
-        "allocations", "peak_allocations", "allocation_count", "free_count", "reserved_bytes",
-        "peak_reserved_bytes", "mapped_bytes", "create_calls", "release_calls", "ooms")]
+TorchStats = _lib.TorchStats
 
 
 def _c():
-    lib = _lib.lib
-    if not getattr(lib, "_cuvmm_torch_bound", False):
-        protos = {
-            "cuvmm_torch_init": (ctypes.c_int, [_vp]),
-            "cuvmm_torch_ctx": (_vp, []),
-            "cuvmm_torch_record_stream": (ctypes.c_int, [_vp, _vp]),
-            "cuvmm_torch_use_pool": (ctypes.c_int, [ctypes.c_char_p]),
-            "cuvmm_torch_pool": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, _P(_vp)]),
-            "cuvmm_torch_stats": (ctypes.c_int, [ctypes.c_int, _P(TorchStats)]),
-            "cuvmm_torch_reset_peak": (ctypes.c_int, [ctypes.c_int]),
-            "cuvmm_torch_reset_totals": (ctypes.c_int, [ctypes.c_int]),
-            "cuvmm_capture_pool": (ctypes.c_int, [_vp, ctypes.c_int, _vp, ctypes.c_uint64,
-                                                  _P(ctypes.c_uint64)]),
-            "cuvmm_graph_release": (ctypes.c_int, [_vp, ctypes.c_uint64]),
-            "cuvmm_ctx_trim": (ctypes.c_int, [_vp, ctypes.c_int, ctypes.c_size_t]),
-            "cuvmm_pool_sleep": (ctypes.c_int, [_vp, ctypes.c_int, _vp]),
-            "cuvmm_pool_wake": (ctypes.c_int, [_vp, _vp]),
-            "cuvmm_pool_stats": (ctypes.c_int, [_vp, _P(_lib.StatsStruct)]),
-            "cuvmm_config_init": (None, [_P(_lib.Config)]),
-        }
-        for name, (res, args) in protos.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        lib._cuvmm_torch_bound = True
-    return lib
+    return _lib.lib
 
 
 def _check(fn, err):
