@@ -37,17 +37,19 @@ GiB = float(1 << 30)
 # ---------------------------------------------------------------- in the child process
 
 def held_bytes(torch):
+    """The process's GPU memory as NVML sees it; where NVML does not list this process (a container's pid
+    namespace), the device's used memory from cudaMemGetInfo (the benchmark runs alone on the GPU)."""
     try:
         import pynvml
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-            if p.pid == os.getpid():
-                return int(p.usedGpuMemory or 0)
-        return 0
+            if p.pid == os.getpid() and p.usedGpuMemory:
+                return int(p.usedGpuMemory)
     except Exception:
-        free, total = torch.cuda.mem_get_info()
-        return total - free
+        pass
+    free, total = torch.cuda.mem_get_info()
+    return total - free
 
 
 def build(torch, name):
@@ -157,6 +159,7 @@ def child(args):
         out["tensor_bytes"] = tensor_bytes
         if mode == "cuvmm":
             import ctypes
+            time.sleep(1.5)  # init's temporaries, freed, go back after the release delay (1 s)
             lib = cuvmm.torch._c()
             import cuvmm._lib as L
             p = ctypes.c_void_p()
@@ -228,7 +231,8 @@ def main():
     results = []
     for scen in args.scenarios.split(","):
         models = sorted(MODELS) if scen == "weights" else [args.model]
-        modes = ["stock", "cuvmm"] if scen in ("speed", "sleep", "weights") else ["stock", "expandable", "cuvmm"]
+        modes = {"speed": ["stock", "cuvmm"], "weights": ["stock", "cuvmm"], "sleep": ["cuvmm"]}.get(
+            scen, ["stock", "expandable", "cuvmm"])
         for model in models:
             for rep in range(args.reps if scen != "sleep" else 1):
                 for mode in modes:

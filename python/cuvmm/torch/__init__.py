@@ -197,9 +197,12 @@ def graph_pools():
         return {k: tuple(v) for k, v in _graph_pools.items()}
 
 
-def _graph_begin(torch, graph):
+def _graph_begin(torch, graph, pool):
+    """Right after capture_begin: tell cuvmm which graph pool the capture's memory belongs to. `pool` is the
+    torch pool id the capture shares (graph_pool_handle(), another graph's pool()), or None for a private
+    one, which is keyed by the graph until capture_end gives it its torch id."""
     lib = _c()
-    key = tuple(graph.pool())
+    key = tuple(pool) if pool is not None else ("graph", id(graph))
     device = torch.cuda.current_device()
     stream = torch.cuda.current_stream(device).cuda_stream
     with _lock:
@@ -213,6 +216,24 @@ def _graph_begin(torch, graph):
         else:
             _graph_pools[key] = [gp.value, 1]
         graph._cuvmm_pool_key = key
+
+
+def _graph_end(graph):
+    """After capture_end: a private pool is known by its torch id from now on, so that later graphs can
+    share it (torch.cuda.graph(pool=g.pool()))."""
+    key = getattr(graph, "_cuvmm_pool_key", None)
+    if key is None or key[0] != "graph":
+        return
+    new = tuple(graph.pool())
+    with _lock:
+        entry = _graph_pools.pop(key, None)
+        if entry is None:
+            return
+        if new in _graph_pools:
+            _graph_pools[new][1] += entry[1]
+        else:
+            _graph_pools[new] = entry
+        graph._cuvmm_pool_key = new
 
 
 def _graph_done(graph):
@@ -238,12 +259,16 @@ def _graph_done(graph):
 
 def _patch_graphs(torch):
     cls = torch.cuda.graphs.CUDAGraph
-    orig_begin, orig_reset = cls.capture_begin, cls.reset
+    orig_begin, orig_end, orig_reset = cls.capture_begin, cls.capture_end, cls.reset
     orig_del = getattr(cls, "__del__", None)
 
-    def capture_begin(self, *args, **kwargs):
-        orig_begin(self, *args, **kwargs)
-        _graph_begin(torch, self)
+    def capture_begin(self, pool=None, *args, **kwargs):
+        orig_begin(self, pool, *args, **kwargs)
+        _graph_begin(torch, self, pool)
+
+    def capture_end(self):
+        orig_end(self)
+        _graph_end(self)
 
     def reset(self):
         orig_reset(self)
@@ -257,8 +282,9 @@ def _patch_graphs(torch):
                 orig_del(self)
 
     capture_begin.__doc__ = orig_begin.__doc__
+    capture_end.__doc__ = orig_end.__doc__
     reset.__doc__ = orig_reset.__doc__
-    cls.capture_begin, cls.reset, cls.__del__ = capture_begin, reset, __del__
+    cls.capture_begin, cls.capture_end, cls.reset, cls.__del__ = capture_begin, capture_end, reset, __del__
 
 
 def _install(torch):
