@@ -647,8 +647,8 @@ CUVMM_API int cuvmm_pool_wake(struct cuvmm_pool *pool, CUstream stream);
  * background thread, invalidates a capture: every driver call runs in relaxed capture mode, no event is
  * recorded and nothing copied on a capturing stream, and the device is not synchronised while a capture the
  * library has seen is under way (work that needs the synchronisation, such as unmapping memory freed without
- * a stream, waits for the capture to end; cuvmm_pool_sleep() and cuvmm_ctx_trim() with a NULL stream return
- * CUVMM_EBUSY meanwhile).
+ * a stream, waits for the capture to end; sleep with a NULL stream returns CUVMM_EBUSY meanwhile, and trims
+ * give back only what needs no synchronisation).
  *
  * A captured kernel touches the same addresses at every replay, so the memory of a capture belongs to a
  * **graph pool**: what allocations on the capturing stream got, and what was freed on it during the capture

@@ -77,6 +77,18 @@ def test_memory_api_reports_cuvmm():
         free1, _ = torch.cuda.mem_get_info()
         assert free1 - free0 > 200 * MiB, (free0, free1)
         torch.cuda.reset_accumulated_memory_stats()
+        try:
+            torch.cuda.set_per_process_memory_fraction(0.5)
+        except RuntimeError as e:
+            assert 'device_limit_bytes' in str(e), e
+        else:
+            raise AssertionError('set_per_process_memory_fraction was accepted and ignored')
+        try:
+            torch.cuda.MemPool()
+        except RuntimeError as e:
+            assert 'cuvmm.torch.pool' in str(e), e
+        else:
+            raise AssertionError('MemPool was accepted')
     """)
 
 

@@ -287,8 +287,23 @@ def _patch_graphs(torch):
     cls.capture_begin, cls.capture_end, cls.reset, cls.__del__ = capture_begin, capture_end, reset, __del__
 
 
+def _unsupported(what, instead):
+    def fail(*args, **kwargs):
+        raise RuntimeError("%s is not supported with cuvmm as the CUDA allocator; %s" % (what, instead))
+    return fail
+
+
 def _install(torch):
     C = torch._C
+    # PyTorch's pluggable allocator would ignore this one silently.
+    C._cuda_setMemoryFraction = _unsupported(
+        "torch.cuda.set_per_process_memory_fraction()",
+        "cap the memory with cuvmm.torch.enable(device_limit_bytes=...) or CUVMM_DEVICE_LIMIT")
+    mempool = getattr(torch.cuda.memory, "MemPool", None)
+    if mempool is not None:
+        # PyTorch's pools are the caching allocator's; under a pluggable allocator they would not isolate
+        # anything, silently.
+        mempool.__init__ = _unsupported("torch.cuda.MemPool", "use cuvmm.torch.pool(name) instead")
     C._cuda_memoryStats = _memory_stats
     C._cuda_resetPeakMemoryStats = _reset_peak
     C._cuda_resetAccumulatedMemoryStats = _reset_totals
