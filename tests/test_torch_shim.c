@@ -1,0 +1,142 @@
+/*
+ * The PyTorch entry points (lib/torch.c) as PyTorch's pluggable allocator calls them, without PyTorch: malloc
+ * and free with its signatures, per-thread named pools, record_stream, statistics in PyTorch's terms. The
+ * integration has one process-wide context, so this program runs its checks in one test, in order.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "common.h"
+
+#define MiB TC_MiB
+
+static struct cuvmm_torch_stats tstats(void)
+{
+	struct cuvmm_torch_stats s = {.size = sizeof(s)};
+
+	ck_assert_int_eq(cuvmm_torch_stats(0, &s), CUVMM_OK);
+	return s;
+}
+
+static void *named_worker(void *arg)
+{
+	void **out = arg;
+
+	ck_assert_int_eq(cuvmm_torch_use_pool("worker"), CUVMM_OK);
+	out[0] = cuvmm_torch_malloc(3 * MiB, 0, NULL);
+	ck_assert_int_eq(cuvmm_torch_use_pool(NULL), CUVMM_OK);
+	out[1] = cuvmm_torch_malloc(3 * MiB, 0, NULL);
+	return NULL;
+}
+
+START_TEST(test_torch_entry_points)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_torch_stats s;
+	struct cuvmm_pool *def, *w, *again;
+	struct cuvmm_stats ps = {.size = sizeof(ps)};
+	CUstream s2;
+	void *a, *b, *got[2];
+	pthread_t t;
+	char longname[64];
+
+	ck_assert_ptr_null(cuvmm_torch_ctx());
+	tc_config(&cfg);
+	cfg.release_delay_ms = 50;
+	ck_assert_int_eq(cuvmm_torch_init(&cfg), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_init(&cfg), CUVMM_ESTATE);
+	ck_assert_ptr_nonnull(cuvmm_torch_ctx());
+
+	/* Size 0 and bad devices give NULL; freeing NULL is a no-op. */
+	ck_assert_ptr_null(cuvmm_torch_malloc(0, 0, NULL));
+	ck_assert_ptr_null(cuvmm_torch_malloc(1, -1, NULL));
+	cuvmm_torch_free(NULL, 0, 0, NULL);
+
+	a = cuvmm_torch_malloc(5 * MiB + 3, 0, NULL);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_int_eq(tc_fill(a, (5 * MiB) / 4, 0x5a5a), 0);
+	s = tstats();
+	ck_assert_uint_eq(s.allocated_bytes, 5 * MiB + 3);
+	ck_assert_uint_eq(s.allocations, 1);
+	ck_assert_uint_ge(s.reserved_bytes, 6 * MiB);
+	ck_assert_uint_ge(s.peak_reserved_bytes, s.reserved_bytes);
+
+	/* record_stream: only for addresses of the integration's pools. */
+	ck_assert_int_eq(tc_stream_create(&s2), 0);
+	ck_assert_int_eq(cuvmm_torch_record_stream(a, s2), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_record_stream(a, s2), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_record_stream(&s, s2), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_torch_record_stream(NULL, s2), CUVMM_EINVAL);
+	cuvmm_torch_free(a, 5 * MiB + 3, 0, NULL);
+	s = tstats();
+	ck_assert_uint_eq(s.allocated_bytes, 0);
+	ck_assert_uint_eq(s.peak_allocated_bytes, 5 * MiB + 3);
+	ck_assert_uint_eq(s.allocation_count, 1);
+	ck_assert_uint_eq(s.free_count, 1);
+	ck_assert_int_eq(cuvmm_torch_reset_peak(0), CUVMM_OK);
+	ck_assert_uint_eq(tstats().peak_allocated_bytes, 0);
+	ck_assert_int_eq(cuvmm_torch_reset_totals(0), CUVMM_OK);
+	ck_assert_uint_eq(tstats().allocation_count, 0);
+	ck_assert_int_eq(cuvmm_torch_reset_peak(-1), CUVMM_EINVAL);
+	s.size = 1;
+	ck_assert_int_eq(cuvmm_torch_stats(0, &s), CUVMM_EINVAL);
+
+	/* Stream-ordered reuse on the same (legacy) stream. */
+	b = cuvmm_torch_malloc(5 * MiB, 0, NULL);
+	ck_assert_ptr_eq(b, a);
+	cuvmm_torch_free(b, 5 * MiB, 0, NULL);
+
+	/* Named pools, per thread. */
+	memset(longname, 'x', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = '\0';
+	ck_assert_int_eq(cuvmm_torch_use_pool(longname), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_torch_pool("worker", 0, &w), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_pool("worker", 0, &again), CUVMM_OK);
+	ck_assert_ptr_eq(w, again);
+	ck_assert_int_eq(cuvmm_torch_pool(NULL, 0, &def), CUVMM_OK);
+	ck_assert_ptr_ne(w, def);
+	ck_assert_int_eq(cuvmm_torch_pool("worker", -1, &w), CUVMM_EINVAL);
+	pthread_create(&t, NULL, named_worker, got);
+	pthread_join(t, NULL);
+	ck_assert_ptr_nonnull(got[0]);
+	ck_assert_ptr_nonnull(got[1]);
+	ck_assert_int_eq(cuvmm_pool_stats(w, &ps), CUVMM_OK);
+	ck_assert_uint_eq(ps.live_bytes, 3 * MiB);
+	/* This thread's allocations are still in the default pool. */
+	a = cuvmm_torch_malloc(1 * MiB, 0, NULL);
+	ck_assert_int_eq(cuvmm_pool_stats(w, &ps), CUVMM_OK);
+	ck_assert_uint_eq(ps.live_bytes, 3 * MiB);
+	/* A sleeping named pool keeps its addresses and contents. */
+	ck_assert_int_eq(tc_fill(got[0], 3 * MiB / 4, 77), 0);
+	ck_assert_int_eq(cuvmm_pool_sleep(w, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(w, NULL), CUVMM_OK);
+	ck_assert_uint_eq(tc_check(got[0], 3 * MiB / 4, 77), 0);
+	/* Frees find their pool by address. */
+	cuvmm_torch_free(got[0], 3 * MiB, 0, NULL);
+	cuvmm_torch_free(got[1], 3 * MiB, 0, NULL);
+	cuvmm_torch_free(a, 1 * MiB, 0, NULL);
+	ck_assert_int_eq(cuvmm_pool_stats(w, &ps), CUVMM_OK);
+	ck_assert_uint_eq(ps.live_bytes, 0);
+	ck_assert_uint_eq(tstats().allocated_bytes, 0);
+
+	/* Idle memory goes back without a call. */
+	ck_assert_uint_le(tc_wait_held_le(cuvmm_torch_ctx(), 0, 3000), 0);
+	tc_stream_destroy(s2);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("torch_shim");
+	TCase *tc = tcase_create("torch_shim");
+
+	tcase_set_timeout(tc, TC_TIMEOUT);
+	tcase_add_test(tc, test_torch_entry_points);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tc_run(suite());
+}
