@@ -661,6 +661,10 @@ CUVMM_API int cuvmm_pool_wake(struct cuvmm_pool *pool, CUstream stream);
  *
  * cuvmm_region_unmap(), cuvmm_region_resize(), cuvmm_kv_free(), sleep and wake on a capturing stream return
  * CUVMM_ENOTSUP: their work must run now, not at replay.
+ *
+ * The library asks a stream it saw capturing whether the capture is still under way (cuStreamGetCaptureInfo)
+ * until it sees it ended: keep such a stream alive until the capture's graph pool is released (PyTorch's
+ * streams live as long as the process).
  * @{
  */
 

@@ -308,6 +308,25 @@ static void captures_prune(struct cuvmm_ctx *ctx, int device)
 	}
 }
 
+void cvm_graph_not_capturing(struct cuvmm_ctx *ctx, CUstream stream)
+{
+	struct cvm_graphs *g = &ctx->graphs;
+
+	if (!stream || atomic_load_explicit(&g->ncaptures, memory_order_relaxed) == 0)
+		return;
+	pthread_mutex_lock(&g->lock);
+	for (struct cvm_capture **pp = &g->captures, *c; (c = *pp);) {
+		if (c->stream == stream) {
+			*pp = c->next;
+			free(c);
+			atomic_fetch_sub(&g->ncaptures, 1);
+		} else {
+			pp = &c->next;
+		}
+	}
+	pthread_mutex_unlock(&g->lock);
+}
+
 bool cvm_graph_quiet(struct cuvmm_ctx *ctx, int device)
 {
 	struct cvm_graphs *g = &ctx->graphs;

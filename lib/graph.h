@@ -67,6 +67,9 @@ static inline bool cvm_graph_maybe(struct cvm_graphs *g)
 }
 /* Pool p is being destroyed: forget its blocks. */
 void cvm_graph_forget_pool(struct cuvmm_ctx *ctx, struct cuvmm_pool *p);
+/* `stream` was seen not capturing: forget the captures seen on it (they have ended). Cheap while none is
+ * remembered. */
+void cvm_graph_not_capturing(struct cuvmm_ctx *ctx, CUstream stream);
 /* No capture the library has seen is still under way on `device` (it may synchronise the device). */
 bool cvm_graph_quiet(struct cuvmm_ctx *ctx, int device);
 

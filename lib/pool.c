@@ -1086,8 +1086,10 @@ static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 	err = cvm_drv_capture_id(CVM_DRV(p->r.dev), p->r.dev->index, stream, &cap);
 	if (err)
 		return err;
-	if (!cap)
+	if (!cap) {
+		cvm_graph_not_capturing(p->r.ctx, stream);
 		return pool_alloc(p, bytes, stream, ptr);
+	}
 	if (cvm_graph_take(p->r.ctx, p, stream, cap, bytes, ptr))
 		return CUVMM_OK;
 	err = pool_alloc(p, bytes, NULL, &q);

@@ -291,10 +291,24 @@ START_TEST(test_capture_refusals)
 	after = tc_region_stats(r);
 	ck_assert_uint_eq(after.mapped_bytes, before.mapped_bytes);
 	/* A failing capture query fails the call and changes nothing. */
-	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_CAPTURE_INFO, 0, 1, CUVMM_EDRIVER), CUVMM_OK);
-	ck_assert_int_eq(cuvmm_malloc_async(p, 1 * MiB, s, &q), CUVMM_EDRIVER);
+	{
+		struct cuvmm_stats ps0 = {.size = sizeof(ps0)}, ps1 = {.size = sizeof(ps1)};
+		void *untouched = q;
+
+		ck_assert_int_eq(cuvmm_pool_stats(p, &ps0), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_CAPTURE_INFO, 0, 1, CUVMM_EDRIVER),
+				 CUVMM_OK);
+		ck_assert_int_eq(cuvmm_malloc_async(p, 1 * MiB, s, &q), CUVMM_EDRIVER);
+		ck_assert_ptr_eq(q, untouched);
+		ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_CAPTURE_INFO, 0, 1, CUVMM_EDRIVER),
+				 CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free_async(p, q, s), CUVMM_EDRIVER);
+		ck_assert_int_eq(cuvmm_pool_stats(p, &ps1), CUVMM_OK);
+		ck_assert_uint_eq(ps1.live_bytes, ps0.live_bytes);
+	}
 	cap_end(&cp);
 	cap_destroy(&cp);
+	ck_assert_int_eq(cuvmm_free(p, q), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_graph_release(ctx, id), CUVMM_OK);
 	cuvmm_region_destroy(r);
 	cuvmm_pool_destroy(p);
