@@ -52,6 +52,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <cuda.h> /* the driver API it calls directly (cuMemGetInfo) */
 #include <cuda_runtime_api.h>
 
 #include "cuvmm.h"

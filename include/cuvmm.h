@@ -21,7 +21,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ * CUstream without the CUDA toolkit: the header declares the stream type exactly as cuda.h does (a pointer
+ * to the opaque struct CUstream_st, which the runtime's cudaStream_t also points to), so a program that
+ * only uses the host backend, or passes streams through, needs no cuda.h. Where cuda.h was included first
+ * its typedef is used; where it comes later, it repeats the identical typedef (valid C11 and C++; in C99
+ * cuda.h must be a system header anyway, as it is not -pedantic clean). Define CUVMM_INCLUDE_CUDA_H to
+ * have this header include <cuda.h> itself.
+ */
+#if defined(CUVMM_INCLUDE_CUDA_H)
 #include <cuda.h>
+#endif
+#if !defined(__cuda_cuda_h__) && !defined(CUVMM_CUSTREAM_DECLARED)
+/** A CUDA stream, as cuda.h declares it (cudaStream_t converts). */
+typedef struct CUstream_st *CUstream;
+#endif
+/** Defined once CUstream is declared (by cuda.h or by this header), so a wrapper need not declare it again. */
+#define CUVMM_CUSTREAM_DECLARED 1
 
 #ifdef __cplusplus
 extern "C" {
