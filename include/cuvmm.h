@@ -149,11 +149,17 @@ enum cuvmm_backend {
 	CUVMM_BACKEND_HOST = 2, /**< host memory with the same semantics, for tests and machines without a GPU */
 };
 
+/**
+ * The longest release delay, in milliseconds (about 292 years): its nanoseconds must fit in an int64_t.
+ * cuvmm_ctx_create() rejects a larger release_delay_ms with CUVMM_EINVAL.
+ */
+#define CUVMM_RELEASE_DELAY_MS_MAX INT64_C(9223372036854)
+
 /** Context configuration. Initialise with cuvmm_config_init(), then change fields. */
 struct cuvmm_config {
 	size_t size;                 /**< sizeof(struct cuvmm_config), set by cuvmm_config_init() */
 	enum cuvmm_backend backend;  /**< AUTO: $CUVMM_BACKEND if set, else CUDA */
-	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never, 0 at once; default 1000 */
+	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never, 0 at once, at most CUVMM_RELEASE_DELAY_MS_MAX; default 1000 */
 	size_t retain_bytes;         /**< free physical memory kept per device anyway; default 0 */
 	bool background_release;     /**< a thread gives memory back while the application is idle; default true */
 	size_t device_limit_bytes;   /**< cap on physical memory held per device by this context; 0 = none */
@@ -163,7 +169,11 @@ struct cuvmm_config {
 /**
  * Fill @p cfg with the defaults, then apply the CUVMM_* environment variables (CUVMM_BACKEND,
  * CUVMM_RELEASE_DELAY_MS, CUVMM_RETAIN_BYTES, CUVMM_DEVICE_LIMIT, CUVMM_BACKGROUND_RELEASE,
- * CUVMM_HOST_GRANULARITY). A malformed value is logged as a warning and ignored.
+ * CUVMM_HOST_GRANULARITY). Words are case-insensitive; sizes are digits with an optional K, M, G or T
+ * suffix; an empty variable counts as unset. A value that is malformed or that the library cannot serve (a
+ * host granularity that is not a power of two at least the page size, a device limit below one granule, a
+ * delay above CUVMM_RELEASE_DELAY_MS_MAX) is ignored and reported as a warning naming the variable and what
+ * was used instead, once per process for each value.
  * @param[out] cfg the configuration to fill; NULL is ignored
  */
 CUVMM_API void cuvmm_config_init(struct cuvmm_config *cfg);
