@@ -94,8 +94,18 @@ CUVMM_API const char *cuvmm_err_name(int err);
  */
 CUVMM_API int cuvmm_last_driver_error(void);
 
+/** Major version of this header: changes break the API or ABI. */
+#define CUVMM_VERSION_MAJOR 0
+/** Minor version of this header: additions. */
+#define CUVMM_VERSION_MINOR 1
+/** Patch version of this header: fixes. */
+#define CUVMM_VERSION_PATCH 0
+/** The version as one number for comparisons in the preprocessor: MAJOR * 10000 + MINOR * 100 + PATCH. */
+#define CUVMM_VERSION_NUMBER (CUVMM_VERSION_MAJOR * 10000 + CUVMM_VERSION_MINOR * 100 + CUVMM_VERSION_PATCH)
+
 /**
- * The library's version.
+ * The library's version, the one it was built as (compare with the CUVMM_VERSION_* macros of the header a
+ * program was compiled with).
  * @return a static string "MAJOR.MINOR.PATCH"
  */
 CUVMM_API const char *cuvmm_version(void);

@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 mkdir -p "$tmp/cuda/include"
 cp "$from"/cuda.h "$tmp/cuda/include/"
 CUDA_HOME=$tmp/cuda ${MESON:-meson} setup "$tmp/build" "$srcroot" -Dtests=disabled -Ddocs=disabled \
-	-Dexamples=false -Dbench=false > "$tmp/setup.log" 2>&1 || {
+	-Dexamples=disabled -Dbench=disabled > "$tmp/setup.log" 2>&1 || {
 	cat "$tmp/setup.log" >&2
 	echo "FAIL: meson setup with CUDA_HOME=$tmp/cuda" >&2
 	exit 1

@@ -93,6 +93,15 @@ START_TEST(test_version)
 	ck_assert_int_eq(sscanf(v, "%u.%u.%u%n", &major, &minor, &patch, &end), 3);
 	ck_assert_msg(end == (int)strlen(v), "version \"%s\" is not MAJOR.MINOR.PATCH", v);
 	ck_assert_ptr_eq(cuvmm_version(), v); /* static */
+	/* The header's macros name the same version as the library. */
+	ck_assert_uint_eq(major, CUVMM_VERSION_MAJOR);
+	ck_assert_uint_eq(minor, CUVMM_VERSION_MINOR);
+	ck_assert_uint_eq(patch, CUVMM_VERSION_PATCH);
+	ck_assert_int_eq(CUVMM_VERSION_NUMBER, CUVMM_VERSION_MAJOR * 10000 + CUVMM_VERSION_MINOR * 100 +
+						      CUVMM_VERSION_PATCH);
+#if CUVMM_VERSION_NUMBER < 100
+#error "CUVMM_VERSION_NUMBER is not usable in #if"
+#endif
 }
 END_TEST
 
