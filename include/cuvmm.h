@@ -123,8 +123,8 @@ CUVMM_API const char *cuvmm_version(void);
 enum cuvmm_log_level {
 	CUVMM_LOG_ERROR = 0, /**< the library could not do what it was asked */
 	CUVMM_LOG_WARN = 1,  /**< something is off but the call went on (e.g. a malformed environment variable) */
-	CUVMM_LOG_INFO = 2,  /**< rare events worth knowing: driver loaded, context created */
-	CUVMM_LOG_DEBUG = 3, /**< every driver call that fails or is slow, release decisions */
+	CUVMM_LOG_INFO = 2,  /**< driver loaded, context created, and each release decision: what a pool, kv object, device cache or sleep gave back and why (release delay, slack cap, trim, sleep) */
+	CUVMM_LOG_DEBUG = 3, /**< also every driver call that fails or takes 1 ms or more, by name */
 };
 
 /**

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "config.h" /* cvm_env_log_level */
@@ -502,6 +503,57 @@ START_TEST(test_log_callback_routing_and_level)
 }
 END_TEST
 
+/* At info, each release decision says what it freed and why; at debug, a failing driver call is named. */
+START_TEST(test_log_release_decisions)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	struct cuvmm_region *r = NULL;
+	void *p;
+
+	clear_env();
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	tc_config(&cfg);
+	cfg.release_delay_ms = 100;
+	ctx = tc_ctx(&cfg);
+	ck_assert_int_eq(cuvmm_pool_create(ctx, NULL, &pool), CUVMM_OK);
+
+	/* Idle for the delay: the pool unmaps, the device gives the chunks back. */
+	ck_assert_int_eq(cuvmm_malloc(pool, 64 * TC_MiB, &p), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, p), CUVMM_OK);
+	for (int i = 0; i < 100 && tc_log_count(CUVMM_LOG_INFO, "back to the driver: free for release_delay_ms") == 0;
+	     i++)
+		usleep(20 * 1000);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "free for release_delay_ms"), 2); /* pool, then device */
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "back to the driver: free for release_delay_ms"), 1);
+
+	/* A trim says so, with what it keeps. */
+	ck_assert_int_eq(cuvmm_malloc(pool, 32 * TC_MiB, &p), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, p), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_trim(pool, 0), CUVMM_OK);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "on trim (keep 0.0 MiB)"), 1);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "back to the driver: trim"), 1);
+	cuvmm_pool_destroy(pool);
+
+	/* A driver call that fails is named at debug: an address range as large as the whole user address space
+	 * (the host backend's mmap refuses it), and an injected failure. */
+	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 8 * TC_MiB, &r), CUVMM_OK);
+	if (tc_on_host()) {
+		struct cuvmm_region *huge = NULL;
+		size_t unit = 512 * cuvmm_region_granularity(r); /* few slots to allocate for 128 TiB */
+
+		ck_assert_int_ne(cuvmm_region_create_ex(ctx, 0, (size_t)1 << 47, unit, &huge), CUVMM_OK);
+		ck_assert_int_ge(tc_log_count(CUVMM_LOG_DEBUG, "cuMemAddressReserve failed"), 1);
+	}
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 0, 1, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_map(r, 0, 2 * TC_MiB), CUVMM_EDRIVER);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_DEBUG, "cuMemMap: injected failure"), 1);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* In a fresh process (the level is read from $CUVMM_LOG once): the default sink is stderr with "cuvmm: ". */
 struct log_child {
 	const char *level_env; /* NULL: unset */
@@ -639,6 +691,7 @@ static Suite *errors_suite(void)
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_log_callback_routing_and_level);
 	tcase_add_test(tc, test_log_env_levels);
+	tcase_add_test(tc, test_log_release_decisions);
 	suite_add_tcase(s, tc);
 	return s;
 }
