@@ -51,6 +51,8 @@ extern "C" {
 
 /**
  * @defgroup errors Errors and version
+ * Error codes every failing function returns, their names and messages, the driver's last CUresult, and
+ * the version of the header and of the library. See also @ref conventions.
  * @{
  */
 
@@ -147,7 +149,7 @@ CUVMM_API void cuvmm_set_log_callback(cuvmm_log_fn fn, void *user, enum cuvmm_lo
 
 /**
  * @defgroup ctx Context
- * A context owns the driver connection (or the host backend), the physical memory of each device it
+ * The root object: a context owns the driver connection (or the host backend), the physical memory of each device it
  * touches, and the background thread that gives idle memory back.
  * @{
  */
@@ -241,6 +243,8 @@ CUVMM_API int cuvmm_ctx_trim(struct cuvmm_ctx *ctx, int device, size_t keep_byte
 
 /**
  * @defgroup stats Statistics
+ * Counters of a device, region, pool or KV object: reserved, held, mapped and live bytes with their peaks,
+ * and the driver calls made. The struct carries its size, so it can grow.
  * @{
  */
 
@@ -501,7 +505,8 @@ CUVMM_API int cuvmm_pool_stats(struct cuvmm_pool *pool, struct cuvmm_stats *out)
 
 /**
  * @defgroup kv KV blocks: a paged-attention KV cache with page-aware mapping
- * `tensors` parallel tensors (e.g. K and V of every layer), each in its own reserved range; block b of
+ * A set of parallel tensors that share block ids, such as K and V of every layer (`tensors` of them), each
+ * in its own reserved range; block b of
  * tensor t lives at cuvmm_kv_tensor(kv, t) + b * block_bytes. A block id is backed in every tensor at once,
  * and physical memory is mapped page by page (one granule of every tensor) only where blocks are in use.
  * Allocation fills free blocks on the fullest mapped pages first, so holes are reused and sparse pages

@@ -31,6 +31,22 @@ if [ -z "$pc" ]; then
 fi
 pcdir=$(dirname "$pc")
 
+# With the docs built, they are installed: the HTML, the Markdown documents and the man pages.
+if [ -f "$builddir/doc/html/index.html" ]; then
+	docdir=$(find "$dest" -type d -path '*/share/doc/cuvmm' | head -n 1)
+	for f in html/index.html html/guide_pool.html html/conventions.html README.md CHANGELOG.md design.md; do
+		if [ -z "$docdir" ] || [ ! -f "$docdir/$f" ]; then
+			echo "FAIL: share/doc/cuvmm/$f not installed" >&2
+			exit 1
+		fi
+	done
+	if [ -d "$builddir/examples" ] && [ ! -f "$docdir/man/man1/kv_server.1" ]; then
+		echo "FAIL: the man pages are not installed under share/doc/cuvmm/man" >&2
+		exit 1
+	fi
+	echo "docs installed under ${docdir#"$dest"}"
+fi
+
 # Relocate the .pc with --define-variable rather than PKG_CONFIG_SYSROOT_DIR, which would also rewrite
 # any path of the build machine the .pc wrongly named instead of letting the check below see it.
 prefix=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=prefix cuvmm)
