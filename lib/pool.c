@@ -1288,13 +1288,8 @@ again:
 			want_sync = true;
 			continue;
 		}
-		if (force)
-			by_trim += gbytes(p, run->len);
-		else if (due)
-			by_delay += gbytes(p, run->len);
-		else
-			by_cap += gbytes(p, run->len);
 		if (force) {
+			by_trim += gbytes(p, run->len);
 			free_to_va(p, run);
 		} else {
 			/* Detach it: out of every index, GOING, so nothing allocates or merges it while the
@@ -1309,6 +1304,7 @@ again:
 				}
 				batch += run->len;
 			}
+			*(due ? &by_delay : &by_cap) += gbytes(p, run->len);
 			free_unlink(p, run);
 			run->kind = CVM_RUN_GOING;
 			run->lnext = going;
