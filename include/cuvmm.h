@@ -149,8 +149,8 @@ CUVMM_API void cuvmm_set_log_callback(cuvmm_log_fn fn, void *user, enum cuvmm_lo
 
 /**
  * @defgroup ctx Context
- * The root object: a context owns the driver connection (or the host backend), the physical memory of each device it
- * touches, and the background thread that gives idle memory back.
+ * The root object: a context owns the driver connection (or the host backend), the physical memory of
+ * each device it touches, and the background thread that gives idle memory back.
  * @{
  */
 
@@ -506,9 +506,9 @@ CUVMM_API int cuvmm_pool_stats(struct cuvmm_pool *pool, struct cuvmm_stats *out)
 /**
  * @defgroup kv KV blocks: a paged-attention KV cache with page-aware mapping
  * A set of parallel tensors that share block ids, such as K and V of every layer (`tensors` of them), each
- * in its own reserved range; block b of
- * tensor t lives at cuvmm_kv_tensor(kv, t) + b * block_bytes. A block id is backed in every tensor at once,
- * and physical memory is mapped page by page (one granule of every tensor) only where blocks are in use.
+ * in its own reserved range; block b of tensor t lives at cuvmm_kv_tensor(kv, t) + b * block_bytes. A
+ * block id is backed in every tensor at once, and physical memory is mapped page by page (one granule of
+ * every tensor) only where blocks are in use.
  * Allocation fills free blocks on the fullest mapped pages first, so holes are reused and sparse pages
  * empty out; a page whose blocks are all free is given back after the idle delay (or by cuvmm_ctx_trim()).
  * While allocation is active, a background pass keeps a couple of empty pages mapped ahead of demand, so
