@@ -14,7 +14,7 @@
  * The context never gives memory back on its own (release_delay_ms = -1), so the warm grow always finds
  * the chunks the shrink cached.
  *
- * Usage: region_bench [--size=BYTES[K|M|G]] [--reps=N] [--backend=cuda|host] [--csv=FILE]
+ * Usage: region_bench [--size=BYTES[K|M|G]] [--reps=N] [--backend=cuda|host] [--csv=FILE] [--help]
  */
 #include <errno.h>
 #include <getopt.h>
@@ -25,6 +25,8 @@
 
 #include <cuda_runtime_api.h>
 #include <cuvmm.h>
+
+#include "cli.h"
 
 #define MiB (1024.0 * 1024.0)
 
@@ -141,30 +143,6 @@ static double median(double *v, int n, double *min)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static bool parse_size(const char *s, size_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return false;
-	switch (*end) {
-	case 'k': case 'K': v <<= 10; end++; break;
-	case 'm': case 'M': v <<= 20; end++; break;
-	case 'g': case 'G': v <<= 30; end++; break;
-	default: break;
-	}
-	if (*end == 'i' && end[1] == 'B')
-		end += 2;
-	else if (*end == 'B')
-		end++;
-	if (*end || v == 0)
-		return false;
-	*out = (size_t)v;
-	return true;
-}
 
 /* Prove the memory is usable: write it all, then (CUDA) read back its last bytes. */
 static double touch(void *p, size_t len, bool cuda, int value)
@@ -286,11 +264,19 @@ static void one_rep(struct cuvmm_ctx *ctx, struct cuvmm_region *r, int rep, bool
 	record(RELEASE, rep, ms, &d);
 }
 
-static void usage(const char *argv0)
-{
-	fprintf(stderr, "usage: %s [--size=BYTES[K|M|G]] [--reps=N] [--backend=cuda|host] [--csv=FILE]\n", argv0);
-	exit(2);
-}
+static const char help[] =
+	"Usage: region_bench [OPTION]...\n"
+	"The cost of growing a region by --size and shrinking it back (cold grow, warm grow from the cache,\n"
+	"shrink, release), next to cudaMalloc/cudaFree of the same size on the CUDA backend.\n"
+	"\n"
+	"  -s, --size=BYTES      bytes to grow by: digits with an optional K, M, G or T suffix, 1 to 1T\n"
+	"                        (default 1G)\n"
+	"  -r, --reps=N          timed repetitions after one warm-up, 1 to 100000 (default 10)\n"
+	"  -b, --backend=NAME    cuda or host (default: $CUVMM_BACKEND, else cuda)\n"
+	"  -c, --csv=FILE        write one row per repetition and phase\n"
+	"  -h, --help            print this help and exit\n"
+	"\n"
+	"Exit status: 0 on success, 1 on a failure, 2 for a usage error.\n";
 
 int main(int argc, char **argv)
 {
@@ -308,33 +294,30 @@ int main(int argc, char **argv)
 	bool cuda;
 	int err;
 
+	cli_init(argv[0]);
 	while ((opt = getopt_long(argc, argv, "s:r:b:c:h", opts, NULL)) != -1) {
-		char *end;
-
 		switch (opt) {
 		case 's':
-			if (!parse_size(optarg, &req_size))
-				usage(argv[0]);
+			req_size = (size_t)cli_size("size", optarg, 1, (uint64_t)1 << 40);
 			break;
 		case 'r':
-			reps = (int)strtol(optarg, &end, 10);
-			if (*end || reps < 1 || reps > 100000)
-				usage(argv[0]);
+			reps = (int)cli_int("reps", optarg, 1, 100000);
 			break;
 		case 'b':
 			if (strcmp(optarg, "cuda") && strcmp(optarg, "host"))
-				usage(argv[0]);
+				cli_fail("--backend=%s: must be cuda or host", optarg);
 			want_backend = optarg;
 			break;
 		case 'c':
 			csv_path = optarg;
 			break;
+		case 'h':
+			cli_help(help);
 		default:
-			usage(argv[0]);
+			cli_bad_usage();
 		}
 	}
-	if (optind < argc)
-		usage(argv[0]);
+	cli_no_operands(argc, argv, optind);
 
 	cuvmm_config_init(&cfg);
 	cfg.release_delay_ms = -1; /* nothing goes back to the driver unless trimmed */

@@ -52,6 +52,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <cuda.h> /* the driver API it calls directly (cuMemGetInfo) */
 #include <cuda_runtime_api.h>
 
 #include "cuvmm.h"
@@ -1331,7 +1332,7 @@ static int write_summary(const char *path, const struct result *res, int n, cons
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: trace [options]\n"
+		"Usage: trace [OPTION]...\n"
 		"Replays a KV-cache serving trace against GPU allocators; see the comment at the top of "
 		"bench/trace.c.\n"
 		"  --allocators=LIST      comma list of cuvmm,cuvmmasync,cudamalloc,async0,asyncmax (run in that\n"
@@ -1356,7 +1357,8 @@ static void usage(FILE *f)
 		"  --csv=FILE             time series: allocator,t_ms,live_bytes,held_bytes,driver_held_bytes,phase\n"
 		"  --summary-csv=FILE     one row per allocator and per return-test method\n"
 		"  --quiet                only the final tables\n"
-		"  --help\n");
+		"  --help                 print this help and exit\n"
+		"Exit status: 0 on success, 1 on a failure, 2 for a usage error.\n");
 }
 
 static int parse_u64(const char *s, const char *name, uint64_t *out, bool suffix)
@@ -1366,7 +1368,7 @@ static int parse_u64(const char *s, const char *name, uint64_t *out, bool suffix
 	uint64_t mul = 1;
 
 	errno = 0;
-	if (*s == '-')
+	if (*s < '0' || *s > '9') /* strtoull would take blanks and a sign */
 		goto bad;
 	v = strtoull(s, &end, 0);
 	if (errno || end == s)
@@ -1401,7 +1403,7 @@ static int parse_u32(const char *s, const char *name, uint32_t *out, uint32_t mi
 	if (parse_u64(s, name, &v, false))
 		return -1;
 	if (v < min || v > UINT32_MAX) {
-		fprintf(stderr, "trace: --%s must be in [%u, %u]\n", name, min, UINT32_MAX);
+		fprintf(stderr, "trace: --%s=%s: must be in [%u, %u]\n", name, s, min, UINT32_MAX);
 		return -1;
 	}
 	*out = (uint32_t)v;
@@ -1506,7 +1508,7 @@ static int parse_args(int argc, char **argv)
 			else if (!strcmp(optarg, "host"))
 				opt.backend = CUVMM_BACKEND_HOST;
 			else {
-				fprintf(stderr, "trace: --backend must be cuda or host\n");
+				fprintf(stderr, "trace: --backend=%s: must be cuda or host\n", optarg);
 				return -1;
 			}
 			break;
@@ -1522,7 +1524,7 @@ static int parse_args(int argc, char **argv)
 			if (parse_u64(optarg, "kv-per-token", &opt.kv_per_token, true))
 				return -1;
 			if (!opt.kv_per_token) {
-				fprintf(stderr, "trace: --kv-per-token must be > 0\n");
+				fprintf(stderr, "trace: --kv-per-token=%s: must be > 0\n", optarg);
 				return -1;
 			}
 			break;
@@ -1535,8 +1537,9 @@ static int parse_args(int argc, char **argv)
 
 			errno = 0;
 			opt.release_delay_ms = strtoll(optarg, &end, 0);
-			if (errno || end == optarg || *end || opt.release_delay_ms < -1) {
-				fprintf(stderr, "trace: --release-delay-ms must be -1 or >= 0\n");
+			if (errno || end == optarg || *end || opt.release_delay_ms < -1 ||
+			    opt.release_delay_ms > CUVMM_RELEASE_DELAY_MS_MAX) {
+				fprintf(stderr, "trace: --release-delay-ms=%s: must be -1 or 0 to 9223372036854\n", optarg);
 				return -1;
 			}
 			break;
@@ -1545,7 +1548,7 @@ static int parse_args(int argc, char **argv)
 			if (parse_double(optarg, "scale", &opt.scale))
 				return -1;
 			if (opt.scale <= 0) {
-				fprintf(stderr, "trace: --scale must be > 0\n");
+				fprintf(stderr, "trace: --scale=%s: must be > 0\n", optarg);
 				return -1;
 			}
 			break;
@@ -1562,7 +1565,7 @@ static int parse_args(int argc, char **argv)
 			if (parse_u64(optarg, "return-test-bytes", &v, true))
 				return -1;
 			if (v > INT64_MAX) {
-				fprintf(stderr, "trace: --return-test-bytes too large\n");
+				fprintf(stderr, "trace: --return-test-bytes=%s: too large\n", optarg);
 				return -1;
 			}
 			opt.return_test_bytes = (int64_t)v;
@@ -1571,7 +1574,7 @@ static int parse_args(int argc, char **argv)
 			if (parse_u64(optarg, "return-piece-bytes", &v, true))
 				return -1;
 			if (v == 0) {
-				fprintf(stderr, "trace: --return-piece-bytes must be positive\n");
+				fprintf(stderr, "trace: --return-piece-bytes=%s: must be positive\n", optarg);
 				return -1;
 			}
 			RT_PIECE = v;

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <cuda.h> /* the driver helpers below use its types; cuvmm.h itself does not need it */
 #include <cuvmm.h>
 
 #define EX_MiB (1024.0 * 1024.0)

@@ -21,22 +21,14 @@
  * context, and the example reports held vs live over time and in summary, and what backing new pages cost
  * on the allocating thread compared with the pages the background thread mapped ahead of demand.
  *
- * Usage: kv_server [options]
- *   --requests=N --concurrency=N --seed=S --scale=F   the trace (400, 48, 1, 1.0); --scale multiplies the
- *                                                      token counts
- *   --layers=L            K and V tensors of L layers (32 on a GPU; 8 on the host backend, a quarter of the
- *                         bytes with the same block and page geometry)
- *   --compact-every=K     steps between compactions in the second run (50)
- *   --step-us=U           simulated compute time of a decode step (1000)
- *   --release-delay-ms=MS the context's release_delay_ms (50)
- *   --csv=FILE            run,step,t_ms,active,live_bytes,held_bytes,device_held_bytes for every step
- *   --quick               a small trace and no step time (the test suite's run)
+ * Usage: kv_server [OPTION]...   (--help describes the options)
  * CUVMM_BACKEND=host|cuda picks the backend; unset, the GPU is tried first, then the host backend.
  */
 #include <getopt.h>
 #include <math.h>
 #include <string.h>
 
+#include "cli.h"
 #include "example_util.h"
 
 #define BLOCK_TOKENS 16
@@ -365,45 +357,66 @@ int main(int argc, char **argv)
 		{"step-us", required_argument, NULL, 'u'}, {"release-delay-ms", required_argument, NULL, 'r'},
 		{"csv", required_argument, NULL, 'f'}, {"quick", no_argument, NULL, 'q'},
 		{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+	static const char help[] =
+		"Usage: kv_server [OPTION]...\n"
+		"A paged-attention KV cache on cuvmm's KV blocks, driven by a serving trace (bench/trace.c's), run\n"
+		"without and then with compaction; reports held vs live and what backing new pages cost.\n"
+		"\n"
+		"  --requests=N            requests in the trace, 1 to 10000000 (default 400; 100 with --quick)\n"
+		"  --concurrency=N         requests running at once, 1 to 100000 (default 48)\n"
+		"  --seed=S                the trace's PRNG seed, 0 to 2^63-1 (default 1)\n"
+		"  --scale=F               multiply every token count by F, above 0 up to 100 (default 1.0; 0.3\n"
+		"                          with --quick)\n"
+		"  --layers=L              K and V tensors of L layers, 1 to 1024 (default 32 on a GPU; 8 on the\n"
+		"                          host backend, a quarter of the bytes with the same page geometry; 2\n"
+		"                          with --quick)\n"
+		"  --compact-every=K       decode steps between compactions in the second run, 1 to 1000000\n"
+		"                          (default 50; 8 with --quick)\n"
+		"  --step-us=U             simulated compute time of a decode step, 0 to 10000000 us (default\n"
+		"                          1000; 200 with --quick)\n"
+		"  --release-delay-ms=MS   the context's release_delay_ms, 0 to 3600000 (default 50; 20 with\n"
+		"                          --quick)\n"
+		"  --csv=FILE              write run,step,t_ms,active,live_bytes,held_bytes,device_held_bytes for\n"
+		"                          every step\n"
+		"  --quick                 a small trace (the test suite's run); options given explicitly keep\n"
+		"                          their values\n"
+		"  --help                  print this help and exit\n"
+		"\n"
+		"CUVMM_BACKEND=host|cuda picks the backend; unset, the GPU is tried first, then the host backend.\n"
+		"Exit status: 0 on success, 1 if a check fails, 2 for a usage error.\n";
 	bool set_step = false, set_delay = false, set_scale = false, set_req = false, set_every = false;
-	char *end = NULL;
 	int c;
 
+	cli_init(argv[0]);
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		double v = optarg && c != 'f' ? strtod(optarg, &end) : 0;
-		if (optarg && c != 'f' && (*end || v < 0 || (c != 'x' && c != 'u' && v != (double)(uint64_t)v))) {
-			fprintf(stderr, "%s: bad value '%s'\n", argv[0], optarg);
-			return 1;
-		}
 		switch (c) {
-		case 'n': opt.requests = (uint32_t)v; set_req = true; break;
-		case 'c': opt.concurrency = (uint32_t)v; break;
-		case 's': opt.seed = (uint64_t)v; break;
-		case 'x': opt.scale = v; set_scale = true; break;
-		case 'l': opt.layers = (uint32_t)v; break;
-		case 'k': opt.compact_every = (uint32_t)v; set_every = true; break;
-		case 'u': opt.step_us = v; set_step = true; break;
-		case 'r': opt.delay_ms = (long long)v; set_delay = true; break;
+		case 'n': opt.requests = (uint32_t)cli_int("requests", optarg, 1, 10000000); set_req = true; break;
+		case 'c': opt.concurrency = (uint32_t)cli_int("concurrency", optarg, 1, 100000); break;
+		case 's': opt.seed = (uint64_t)cli_int("seed", optarg, 0, INT64_MAX); break;
+		case 'x':
+			opt.scale = cli_double("scale", optarg, 0, 100);
+			if (opt.scale == 0)
+				cli_fail("--scale=%s: must be above 0", optarg);
+			set_scale = true;
+			break;
+		case 'l': opt.layers = (uint32_t)cli_int("layers", optarg, 1, 1024); break;
+		case 'k': opt.compact_every = (uint32_t)cli_int("compact-every", optarg, 1, 1000000); set_every = true; break;
+		case 'u': opt.step_us = cli_double("step-us", optarg, 0, 10000000); set_step = true; break;
+		case 'r': opt.delay_ms = cli_int("release-delay-ms", optarg, 0, 3600000); set_delay = true; break;
 		case 'f': opt.csv = optarg; break;
 		case 'q': opt.quick = true; break;
-		default:
-			fprintf(stderr, "usage: %s [--requests=N] [--concurrency=N] [--seed=S] [--scale=F] [--layers=L] "
-					"[--compact-every=K] [--step-us=U] [--release-delay-ms=MS] [--csv=FILE] [--quick]\n",
-				argv[0]);
-			return c == 'h' ? 0 : 1;
+		case 'h': cli_help(help);
+		default: cli_bad_usage();
 		}
 	}
+	cli_no_operands(argc, argv, optind);
 	if (opt.quick) { /* the test suite's run: a small trace, no step time */
 		opt.requests = set_req ? opt.requests : 100;
 		opt.scale = set_scale ? opt.scale : 0.3;
 		opt.step_us = set_step ? opt.step_us : 200;
 		opt.delay_ms = set_delay ? opt.delay_ms : 20;
 		opt.compact_every = set_every ? opt.compact_every : 8;
-		opt.layers = opt.layers ? opt.layers : 2;
-	}
-	if (!opt.requests || !opt.concurrency || !opt.compact_every || opt.scale <= 0) {
-		fprintf(stderr, "%s: requests, concurrency, compact-every and scale must be positive\n", argv[0]);
-		return 1;
+		opt.layers = opt.layers ? opt.layers : 2; /* 0: not given (--layers=0 is refused above) */
 	}
 
 	/* Which backend: a throwaway context answers (ex_ctx_create prints it and loads the driver helpers). */

@@ -6,7 +6,7 @@
  * contents. A shrink does not return memory to the driver at once: the context caches the chunks for reuse
  * and gives them back after release_delay_ms of idleness, or at once on cuvmm_ctx_trim().
  *
- * Usage: region_grow_shrink [-n GIB | --gib=GIB]   (default 4 GiB on a GPU, 1 GiB on the host backend)
+ * Usage: region_grow_shrink [-n GIB | --gib=GIB] [--help]   (default 4 GiB on a GPU, 1 GiB on the host backend)
  * CUVMM_BACKEND=host|cuda picks the backend; unset, the GPU is tried first, then the host backend.
  */
 #include <getopt.h>
@@ -16,6 +16,8 @@
 #include <time.h>
 
 #include <cuvmm.h>
+
+#include "cli.h"
 
 #define MiB (1024.0 * 1024.0)
 
@@ -69,21 +71,41 @@ static void report(struct cuvmm_ctx *ctx, struct cuvmm_region *r, const char *wh
 
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {{"gib", required_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
+	static const struct option opts[] = {{"gib", required_argument, NULL, 'n'},
+					     {"help", no_argument, NULL, 'h'},
+					     {NULL, 0, NULL, 0}};
+	static const char help[] =
+		"Usage: region_grow_shrink [OPTION]...\n"
+		"A buffer that grows and shrinks in place at a fixed address (cuvmm_region_resize).\n"
+		"\n"
+		"  -n, --gib=GIB   largest size of the buffer, in GiB (a positive number, up to 1024);\n"
+		"                  default 4 on a GPU, 1 on the host backend\n"
+		"  -h, --help      print this help and exit\n"
+		"\n"
+		"CUVMM_BACKEND=host|cuda picks the backend; unset, the GPU is tried first, then the host backend.\n"
+		"Exit status: 0 on success, 1 if a check fails, 2 for a usage error.\n";
 	struct cuvmm_config cfg;
 	struct cuvmm_ctx *ctx;
 	struct cuvmm_region *r;
 	struct cuvmm_stats ds = {.size = sizeof(ds)};
 	double gib = 0, t0, ms;
 	int c, err;
-	char *end;
 
-	while ((c = getopt_long(argc, argv, "n:", opts, NULL)) != -1) {
-		if (c != 'n' || (gib = strtod(optarg, &end), *end || gib <= 0)) {
-			fprintf(stderr, "usage: %s [-n GIB | --gib=GIB]\n", argv[0]);
-			return 1;
+	cli_init(argv[0]);
+	while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'n':
+			gib = cli_double("gib", optarg, 0, 1024);
+			if (gib == 0)
+				cli_fail("--gib=%s: must be positive", optarg);
+			break;
+		case 'h':
+			cli_help(help);
+		default:
+			cli_bad_usage();
 		}
 	}
+	cli_no_operands(argc, argv, optind);
 
 	/* Defaults, then the CUVMM_* environment variables. Without CUVMM_BACKEND, ask for the GPU: the AUTO
 	 * backend never falls back to the host by itself, so we do it here, and say so. */

@@ -10,21 +10,15 @@
  * Requests come in bursts with idle gaps between them. While a burst runs, the context keeps freed memory
  * mapped for reuse ("held" > "live"); once nothing has been allocated or freed for release_delay_ms, the
  * background thread gives it back to the driver and held falls back to live. Every 100 ms a line shows live
- * and held for each object, for the device as a whole, and the driver's free memory, so you can watch it.
+ * and held for each object, the chunk cache (chunks the context holds unmapped, for reuse, until the release
+ * delay), the device as a whole (the objects' held plus the cache: the columns add up) and the driver's free
+ * memory, so you can watch it. On the host backend the "device" is host memory and the columns say so.
  *
  * The run ends with a summary and doubles as a test: it exits 1 if, after the final idle gap, the device
  * still holds more than cuvmm promises (live rounded up to the granularity of each allocation, plus
  * retain_bytes).
  *
- * Usage: shrink_on_idle [--bursts=N] [--idle-ms=MS] [--release-delay-ms=MS] [--csv=FILE] [--quick]
- *   --bursts            bursts of requests (default 4)
- *   --idle-ms           idle gap after each burst (default 1500)
- *   --release-delay-ms  the context's release_delay_ms (default 500, so the shrink shows quickly)
- *   --csv FILE          write the series: t_ms,phase,object,live_bytes,held_bytes,free_bytes with one row
- *                       per sample for weights, kv, activations and device, and one "gpu_free" (CUDA) or
- *                       "host_available" (host backend) row with the driver's free memory in free_bytes;
- *                       plot it with examples/plot_shrink_on_idle.py
- *   --quick             a short run with tiny sizes (the test suite's run, under 3 s)
+ * Usage: shrink_on_idle [OPTION]...   (--help describes the options)
  * Weights are 2 GiB on a GPU, 256 MiB on the host backend. CUVMM_BACKEND=host|cuda picks the backend;
  * unset, the GPU is tried first, then the host backend.
  */
@@ -33,6 +27,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "cli.h"
 #include "example_util.h"
 
 /* ----- the simulated workload ----- */
@@ -136,6 +131,7 @@ static void sample(void)
 {
 	struct cuvmm_stats w, a, k = {.size = sizeof(k)}, d = {.size = sizeof(d)};
 	char b[5][2][16], ph[16], bar[41];
+	uint64_t objects, cache;
 	double t = ex_now_ms() - W.t0;
 	int phase = atomic_load(&W.phase);
 	size_t free_b = 0, total_b = 0;
@@ -149,6 +145,10 @@ static void sample(void)
 	else
 		CU_CHECK(ex_cu_mem_info(&free_b, &total_b));
 	phase_name(phase, ph, sizeof(ph));
+	/* What the device holds beyond the objects: chunks unmapped and cached for reuse until the delay. The
+	 * statistics are read one after another, so clamp a transient difference at 0. */
+	objects = w.held_bytes + k.held_bytes + a.held_bytes;
+	cache = d.held_bytes > objects ? d.held_bytes - objects : 0;
 
 	/* The bar: '#' for live bytes, '.' for held bytes that are not live (kept for reuse, or waiting for
 	 * the release delay), on a fixed scale so that lines compare. */
@@ -158,10 +158,10 @@ static void sample(void)
 	memset(bar, '#', (size_t)nl);
 	memset(bar + nl, '.', (size_t)(nh - nl));
 	bar[nh] = 0;
-	printf("%6.1f %-8s| %s/%s | %s/%s | %s/%s | %s/%s | %7.1f GiB |%-40s|\n", t / 1e3, ph,
+	printf("%6.1f %-8s| %s/%s | %s/%s | %s/%s | %s | %s/%s | %7.1f GiB |%-40s|\n", t / 1e3, ph,
 	       mib(b[0][0], w.live_bytes), mib(b[0][1], w.held_bytes), mib(b[1][0], k.live_bytes),
 	       mib(b[1][1], k.held_bytes), mib(b[2][0], a.live_bytes), mib(b[2][1], a.held_bytes),
-	       mib(b[3][0], d.live_bytes), mib(b[3][1], d.held_bytes), free_b / EX_GiB, bar);
+	       mib(b[4][0], cache), mib(b[3][0], d.live_bytes), mib(b[3][1], d.held_bytes), free_b / EX_GiB, bar);
 	fflush(stdout);
 
 	if (W.csv) {
@@ -171,6 +171,7 @@ static void sample(void)
 		for (int i = 0; i < 4; i++)
 			fprintf(W.csv, "%.1f,%s,%s,%llu,%llu,\n", t, ph, names[i], (unsigned long long)s[i]->live_bytes,
 				(unsigned long long)s[i]->held_bytes);
+		fprintf(W.csv, "%.1f,%s,cache,0,%llu,\n", t, ph, (unsigned long long)cache);
 		fprintf(W.csv, "%.1f,%s,%s,,,%llu\n", t, ph, W.host ? "host_available" : "gpu_free",
 			(unsigned long long)free_b);
 	}
@@ -291,39 +292,50 @@ int main(int argc, char **argv)
 		{"bursts", required_argument, NULL, 'b'}, {"idle-ms", required_argument, NULL, 'i'},
 		{"release-delay-ms", required_argument, NULL, 'r'}, {"csv", required_argument, NULL, 'c'},
 		{"quick", no_argument, NULL, 'q'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+	static const char help[] =
+		"Usage: shrink_on_idle [OPTION]...\n"
+		"A simulated inference server (weights pool, KV blocks, activations pool) whose held memory falls\n"
+		"back to its live memory once it is idle; a line every 100 ms shows live/held per object, the chunk\n"
+		"cache and the device (host memory on the host backend) as a whole.\n"
+		"\n"
+		"  --bursts=N              bursts of requests, 1 to 63 (default 4; 2 with --quick)\n"
+		"  --idle-ms=MS            idle gap after each burst, 0 to 3600000 ms (default 1500; 500 with --quick)\n"
+		"  --release-delay-ms=MS   the context's release_delay_ms: -1 never, 0 at once, up to 3600000\n"
+		"                          (default 500, so the shrink shows quickly; 100 with --quick)\n"
+		"  --csv=FILE              write the series t_ms,phase,object,live_bytes,held_bytes,free_bytes: per\n"
+		"                          sample one row for weights, kv, activations, cache and device, and one\n"
+		"                          \"gpu_free\" (CUDA) or \"host_available\" (host) row with the free memory;\n"
+		"                          plot it with examples/plot_shrink_on_idle.py\n"
+		"  --quick                 a short run with tiny sizes (the test suite's run, under 3 s); options\n"
+		"                          given explicitly keep their values\n"
+		"  --help                  print this help and exit\n"
+		"\n"
+		"CUVMM_BACKEND=host|cuda picks the backend; unset, the GPU is tried first, then the host backend.\n"
+		"Exit status: 0 on success, 1 if held memory stays above the bound after the idle gap, 2 for a\n"
+		"usage error.\n";
 	int bursts = 4, c;
 	double idle_ms = 1500;
 	long long delay = 500;
 	const char *csv = NULL;
 	bool quick = false, idle_set = false, delay_set = false, bursts_set = false;
-	char *end = NULL;
 
+	cli_init(argv[0]);
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
-		case 'b': bursts = (int)strtol(optarg, &end, 10); bursts_set = true; break;
-		case 'i': idle_ms = strtod(optarg, &end); idle_set = true; break;
-		case 'r': delay = strtoll(optarg, &end, 10); delay_set = true; break;
+		case 'b': bursts = (int)cli_int("bursts", optarg, 1, 63); bursts_set = true; break;
+		case 'i': idle_ms = cli_double("idle-ms", optarg, 0, 3600000); idle_set = true; break;
+		case 'r': delay = cli_int("release-delay-ms", optarg, -1, 3600000); delay_set = true; break;
 		case 'c': csv = optarg; break;
 		case 'q': quick = true; break;
-		default:
-			fprintf(stderr, "usage: %s [--bursts=N] [--idle-ms=MS] [--release-delay-ms=MS] [--csv=FILE] "
-					"[--quick]\n", argv[0]);
-			return c == 'h' ? 0 : 1;
+		case 'h': cli_help(help);
+		default: cli_bad_usage();
 		}
-		if (end && *end) {
-			fprintf(stderr, "%s: bad number '%s'\n", argv[0], optarg);
-			return 1;
-		}
-		end = NULL;
 	}
+	cli_no_operands(argc, argv, optind);
 	if (quick) { /* the test suite's run: short, tiny */
 		bursts = bursts_set ? bursts : 2;
 		idle_ms = idle_set ? idle_ms : 500;
 		delay = delay_set ? delay : 100;
-	}
-	if (bursts < 1 || bursts > 63 || idle_ms < 0 || delay < -1) {
-		fprintf(stderr, "%s: need 1 <= bursts <= 63, idle-ms >= 0, release-delay-ms >= -1\n", argv[0]);
-		return 1;
 	}
 
 	/* The context: memory that has been free for release_delay_ms goes back to the driver, given back by a
@@ -389,9 +401,13 @@ int main(int argc, char **argv)
 	       (double)kc.max_blocks * kc.block_bytes * kc.tensors / EX_MiB, gran >> 10);
 	printf("%d bursts of %u requests (%u at once), %.0f ms idle after each; release_delay_ms %lld\n\n", bursts,
 	       sh->requests, sh->concurrency, idle_ms, delay);
-	printf("   t/s phase   | weights MiB   |      kv MiB   | activations   |   device MiB  | %-11s | device held: "
-	       "'#' live, '.' not live\n", W.host ? "host avail" : "GPU free");
-	printf("               |  live/held    |  live/held    |  live/held    |  live/held    |             |\n");
+	/* On the host backend the "device" is host memory: say so. */
+	const char *dev = W.host ? "host" : "device";
+	char devh[16];
+	snprintf(devh, sizeof(devh), "%s MiB", dev);
+	printf("   t/s phase   | weights MiB   |      kv MiB   | activations   | cache  |%13s  | %-11s | %s held: "
+	       "'#' live, '.' not live\n", devh, W.host ? "host avail" : "GPU free", dev);
+	printf("               |  live/held    |  live/held    |  live/held    |  held  |  live/held    |             |\n");
 
 	if (csv) {
 		W.csv = fopen(csv, "w");
@@ -447,8 +463,8 @@ int main(int argc, char **argv)
 		else
 			printf("  after burst %d: held did NOT come back within the bound during the idle gap\n", b);
 	}
-	printf("  after the final idle gap: device held %.1f MiB, live %.1f MiB (weights %.1f/%.1f, kv %.1f/%.1f, "
-	       "activations %.1f/%.1f live/held)\n",
+	printf("  after the final idle gap: %s held %.1f MiB, live %.1f MiB (weights %.1f/%.1f, kv %.1f/%.1f, "
+	       "activations %.1f/%.1f live/held)\n", dev,
 	       d.held_bytes / EX_MiB, d.live_bytes / EX_MiB, w.live_bytes / EX_MiB, w.held_bytes / EX_MiB,
 	       k.live_bytes / EX_MiB, k.held_bytes / EX_MiB, a.live_bytes / EX_MiB, a.held_bytes / EX_MiB);
 	printf("  bound: live rounded up per allocation + retain_bytes = %.1f MiB: %s\n", W.bound / EX_MiB,

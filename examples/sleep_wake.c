@@ -16,7 +16,7 @@
  * Exits 1 if a checksum does not match. On the host backend the "GPU" is host memory and the kernels are
  * CPU loops, so the run shows the same behaviour with CPU speeds.
  *
- * Usage: sleep_wake [--gib=GIB] [--quick]
+ * Usage: sleep_wake [--gib=GIB] [--quick] [--help]
  *   --gib    model size (default 8 on a GPU, 0.25 on the host backend)
  *   --quick  64 MiB (the test suite's run)
  * CUVMM_BACKEND=host|cuda picks the backend; unset, the GPU is tried first, then the host backend.
@@ -24,6 +24,7 @@
 #include <getopt.h>
 #include <string.h>
 
+#include "cli.h"
 #include "example_util.h"
 
 #define NT 32 /* large tensors, and as many small ones */
@@ -114,27 +115,46 @@ int main(int argc, char **argv)
 					     {"quick", no_argument, NULL, 'q'},
 					     {"help", no_argument, NULL, 'h'},
 					     {NULL, 0, NULL, 0}};
+	static const char help[] =
+		"Usage: sleep_wake [OPTION]...\n"
+		"Give a model's memory back with cuvmm_pool_sleep (OFFLOAD, then DISCARD) and bring it back at the\n"
+		"same addresses with cuvmm_pool_wake; checks the contents and a CUDA graph captured before.\n"
+		"\n"
+		"  --gib=GIB   model size in GiB (a positive number, up to 1024); default 8 on a GPU, 0.25 on the\n"
+		"              host backend\n"
+		"  --quick     a 64 MiB model (the test suite's run); --gib wins if both are given\n"
+		"  --help      print this help and exit\n"
+		"\n"
+		"CUVMM_BACKEND=host|cuda picks the backend; unset, the GPU is tried first, then the host backend.\n"
+		"Exit status: 0 on success, 1 if a check fails, 2 for a usage error.\n";
 	double gib = 0, t0;
 	bool quick = false;
-	char *end;
 	int c;
 
+	cli_init(argv[0]);
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		if (c == 'g' && (gib = strtod(optarg, &end), !*end && gib > 0))
-			continue;
-		if (c == 'q') {
+		switch (c) {
+		case 'g':
+			gib = cli_double("gib", optarg, 0, 1024);
+			if (gib == 0)
+				cli_fail("--gib=%s: must be positive", optarg);
+			break;
+		case 'q':
 			quick = true;
-			continue;
+			break;
+		case 'h':
+			cli_help(help);
+		default:
+			cli_bad_usage();
 		}
-		fprintf(stderr, "usage: %s [--gib=GIB] [--quick]\n", argv[0]);
-		return c == 'h' ? 0 : 1;
 	}
+	cli_no_operands(argc, argv, optind);
 
 	struct cuvmm_config cfg;
 	struct cuvmm_ctx *ctx;
 	cuvmm_config_init(&cfg);
 	host = ex_ctx_create(&cfg, &ctx, "sleep_wake");
-	gib = quick ? 1.0 / 16 : gib ? gib : host ? 0.25 : 8;
+	gib = gib ? gib : quick ? 1.0 / 16 : host ? 0.25 : 8;
 	if (!host) {
 		CU_CHECK(ex_cu_stream_create(&stream));
 		CU_CHECK(ex_cu_malloc((void **)&counter, sizeof(*counter)));
@@ -307,10 +327,11 @@ int main(int argc, char **argv)
 	printf("   first cycle (sleep pins its buffer): sleep %.1f GB/s, wake %.1f GB/s; against a plain copy that "
 	       "pins too (%.1f ms): D2H %3.0f%%\n", gbps(copied, sleep_ms), gbps(copied, wake_ms), pin_ms,
 	       100 * gbps(copied, sleep_ms) / gbps(model, pin_ms + plain_d2h_ms));
-	printf("   target >= 90%% of the plain copy each way (steady state): %s\n",
-	       r_d2h >= 0.9 && r_h2d >= 0.9 ? "met" : "not met");
-	if (host)
-		printf("   (the target is the GPU's; on the host backend sleep and wake also create and fault in memory)\n");
+	/* The target is the GPU's: on the host backend sleep and wake also create and fault in memory, so the
+	 * ratio says nothing about it. */
+	if (!host)
+		printf("   target >= 90%% of the plain copy each way (steady state): %s\n",
+		       r_d2h >= 0.9 && r_h2d >= 0.9 ? "met" : "not met");
 
 	if (graph)
 		CU_CHECK(ex_cu_graph_destroy(graph));

@@ -21,7 +21,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ * CUstream without the CUDA toolkit: the header declares the stream type exactly as cuda.h does (a pointer
+ * to the opaque struct CUstream_st, which the runtime's cudaStream_t also points to), so a program that
+ * only uses the host backend, or passes streams through, needs no cuda.h. Where cuda.h was included first
+ * its typedef is used; where it comes later, it repeats the identical typedef (valid C11 and C++; in C99
+ * cuda.h must be a system header anyway, as it is not -pedantic clean). Define CUVMM_INCLUDE_CUDA_H to
+ * have this header include <cuda.h> itself.
+ */
+#if defined(CUVMM_INCLUDE_CUDA_H)
 #include <cuda.h>
+#endif
+#if !defined(__cuda_cuda_h__) && !defined(CUVMM_CUSTREAM_DECLARED)
+/** A CUDA stream, as cuda.h declares it (cudaStream_t converts). */
+typedef struct CUstream_st *CUstream;
+#endif
+/** Defined once CUstream is declared (by cuda.h or by this header), so a wrapper need not declare it again. */
+#define CUVMM_CUSTREAM_DECLARED 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +51,8 @@ extern "C" {
 
 /**
  * @defgroup errors Errors and version
+ * Error codes every failing function returns, their names and messages, the driver's last CUresult, and
+ * the version of the header and of the library. See also @ref conventions.
  * @{
  */
 
@@ -78,8 +96,18 @@ CUVMM_API const char *cuvmm_err_name(int err);
  */
 CUVMM_API int cuvmm_last_driver_error(void);
 
+/** Major version of this header: changes break the API or ABI. */
+#define CUVMM_VERSION_MAJOR 0
+/** Minor version of this header: additions. */
+#define CUVMM_VERSION_MINOR 1
+/** Patch version of this header: fixes. */
+#define CUVMM_VERSION_PATCH 0
+/** The version as one number for comparisons in the preprocessor: MAJOR * 10000 + MINOR * 100 + PATCH. */
+#define CUVMM_VERSION_NUMBER (CUVMM_VERSION_MAJOR * 10000 + CUVMM_VERSION_MINOR * 100 + CUVMM_VERSION_PATCH)
+
 /**
- * The library's version.
+ * The library's version, the one it was built as (compare with the CUVMM_VERSION_* macros of the header a
+ * program was compiled with).
  * @return a static string "MAJOR.MINOR.PATCH"
  */
 CUVMM_API const char *cuvmm_version(void);
@@ -97,8 +125,8 @@ CUVMM_API const char *cuvmm_version(void);
 enum cuvmm_log_level {
 	CUVMM_LOG_ERROR = 0, /**< the library could not do what it was asked */
 	CUVMM_LOG_WARN = 1,  /**< something is off but the call went on (e.g. a malformed environment variable) */
-	CUVMM_LOG_INFO = 2,  /**< rare events worth knowing: driver loaded, context created */
-	CUVMM_LOG_DEBUG = 3, /**< every driver call that fails or is slow, release decisions */
+	CUVMM_LOG_INFO = 2,  /**< driver loaded, context created, and each release decision: what a pool, kv object, device cache or sleep gave back and why (release delay, slack cap, trim, sleep) */
+	CUVMM_LOG_DEBUG = 3, /**< also every driver call that fails or takes 1 ms or more, by name */
 };
 
 /**
@@ -121,8 +149,8 @@ CUVMM_API void cuvmm_set_log_callback(cuvmm_log_fn fn, void *user, enum cuvmm_lo
 
 /**
  * @defgroup ctx Context
- * A context owns the driver connection (or the host backend), the physical memory of each device it
- * touches, and the background thread that gives idle memory back.
+ * The root object: a context owns the driver connection (or the host backend), the physical memory of
+ * each device it touches, and the background thread that gives idle memory back.
  * @{
  */
 
@@ -133,11 +161,17 @@ enum cuvmm_backend {
 	CUVMM_BACKEND_HOST = 2, /**< host memory with the same semantics, for tests and machines without a GPU */
 };
 
+/**
+ * The longest release delay, in milliseconds (about 292 years): its nanoseconds must fit in an int64_t.
+ * cuvmm_ctx_create() rejects a larger release_delay_ms with CUVMM_EINVAL.
+ */
+#define CUVMM_RELEASE_DELAY_MS_MAX INT64_C(9223372036854)
+
 /** Context configuration. Initialise with cuvmm_config_init(), then change fields. */
 struct cuvmm_config {
 	size_t size;                 /**< sizeof(struct cuvmm_config), set by cuvmm_config_init() */
 	enum cuvmm_backend backend;  /**< AUTO: $CUVMM_BACKEND if set, else CUDA */
-	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never, 0 at once; default 1000 */
+	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never, 0 at once, at most CUVMM_RELEASE_DELAY_MS_MAX; default 1000 */
 	size_t retain_bytes;         /**< free physical memory kept per device anyway; default 0 */
 	bool background_release;     /**< a thread gives memory back while the application is idle; default true */
 	size_t device_limit_bytes;   /**< cap on physical memory held per device by this context; 0 = none */
@@ -147,7 +181,11 @@ struct cuvmm_config {
 /**
  * Fill @p cfg with the defaults, then apply the CUVMM_* environment variables (CUVMM_BACKEND,
  * CUVMM_RELEASE_DELAY_MS, CUVMM_RETAIN_BYTES, CUVMM_DEVICE_LIMIT, CUVMM_BACKGROUND_RELEASE,
- * CUVMM_HOST_GRANULARITY). A malformed value is logged as a warning and ignored.
+ * CUVMM_HOST_GRANULARITY). Words are case-insensitive; sizes are digits with an optional K, M, G or T
+ * suffix; an empty variable counts as unset. A value that is malformed or that the library cannot serve (a
+ * host granularity that is not a power of two at least the page size, a device limit below one granule, a
+ * delay above CUVMM_RELEASE_DELAY_MS_MAX) is ignored and reported as a warning naming the variable and what
+ * was used instead, once per process for each value.
  * @param[out] cfg the configuration to fill; NULL is ignored
  */
 CUVMM_API void cuvmm_config_init(struct cuvmm_config *cfg);
@@ -205,6 +243,8 @@ CUVMM_API int cuvmm_ctx_trim(struct cuvmm_ctx *ctx, int device, size_t keep_byte
 
 /**
  * @defgroup stats Statistics
+ * Counters of a device, region, pool or KV object: reserved, held, mapped and live bytes with their peaks,
+ * and the driver calls made. The struct carries its size, so it can grow.
  * @{
  */
 
@@ -465,9 +505,10 @@ CUVMM_API int cuvmm_pool_stats(struct cuvmm_pool *pool, struct cuvmm_stats *out)
 
 /**
  * @defgroup kv KV blocks: a paged-attention KV cache with page-aware mapping
- * `tensors` parallel tensors (e.g. K and V of every layer), each in its own reserved range; block b of
- * tensor t lives at cuvmm_kv_tensor(kv, t) + b * block_bytes. A block id is backed in every tensor at once,
- * and physical memory is mapped page by page (one granule of every tensor) only where blocks are in use.
+ * A set of parallel tensors that share block ids, such as K and V of every layer (`tensors` of them), each
+ * in its own reserved range; block b of tensor t lives at cuvmm_kv_tensor(kv, t) + b * block_bytes. A
+ * block id is backed in every tensor at once, and physical memory is mapped page by page (one granule of
+ * every tensor) only where blocks are in use.
  * Allocation fills free blocks on the fullest mapped pages first, so holes are reused and sparse pages
  * empty out; a page whose blocks are all free is given back after the idle delay (or by cuvmm_ctx_trim()).
  * While allocation is active, a background pass keeps a couple of empty pages mapped ahead of demand, so

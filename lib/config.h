@@ -11,10 +11,29 @@
 
 #define CVM_DEFAULT_RELEASE_DELAY_MS 1000
 #define CVM_DEFAULT_HOST_GRANULARITY ((size_t)2 << 20)
+/* The smallest granule of any CUDA device with virtual memory management: a device limit below it can
+ * serve nothing. */
+#define CVM_MIN_DEVICE_GRANULE ((size_t)2 << 20)
+
+/* The CUVMM_* environment variables, one row each in config.c's table. */
+enum cvm_env {
+	CVM_ENV_BACKEND,
+	CVM_ENV_RELEASE_DELAY_MS,
+	CVM_ENV_RETAIN_BYTES,
+	CVM_ENV_DEVICE_LIMIT,
+	CVM_ENV_BACKGROUND_RELEASE,
+	CVM_ENV_HOST_GRANULARITY,
+	CVM_ENV_LOG,
+	CVM_ENV_COUNT_
+};
 
 /* "64M", "2G", "4096", "1KiB" -> bytes. CUVMM_EINVAL on anything else (negative, overflow, junk). */
 int cvm_parse_size(const char *s, size_t *out);
 int cvm_parse_i64(const char *s, int64_t *out);
+/* $CUVMM_BACKEND as a backend (AUTO when unset or bad; a bad value is reported once). */
+enum cuvmm_backend cvm_env_backend(void);
+/* $CUVMM_LOG as a level, or `fallback` when unset or bad (reported once, straight to stderr). */
+int cvm_env_log_level(int fallback);
 /* CUVMM_EINVAL if a field of a caller's config is out of range. */
 int cvm_config_check(const struct cuvmm_config *cfg);
 

@@ -16,14 +16,27 @@
 
 static void *bg_main(void *arg);
 
-/* AUTO: $CUVMM_BACKEND if it says host, else CUDA (a config not made by cuvmm_config_init has not read it). */
+/* AUTO: $CUVMM_BACKEND, read by the one environment parser (a config not made by cuvmm_config_init has not
+ * read it), else CUDA. */
 static void resolve_backend(struct cuvmm_config *cfg)
 {
-	if (cfg->backend == CUVMM_BACKEND_AUTO) {
-		const char *s = getenv("CUVMM_BACKEND");
+	if (cfg->backend == CUVMM_BACKEND_AUTO)
+		cfg->backend = cvm_env_backend();
+	if (cfg->backend == CUVMM_BACKEND_AUTO)
+		cfg->backend = CUVMM_BACKEND_CUDA;
+}
 
-		cfg->backend = s && strcmp(s, "host") == 0 ? CUVMM_BACKEND_HOST : CUVMM_BACKEND_CUDA;
+/* Say at the default level why a context could not be had: the caller only sees the code, and the
+ * driver's own reason is logged at info. */
+static void no_backend(const struct cuvmm_config *cfg, int err)
+{
+	if (cfg->backend == CUVMM_BACKEND_HOST) {
+		cvm_warn("cuvmm_ctx_create: the host backend could not start: %s", cuvmm_strerror(err));
+		return;
 	}
+	cvm_warn("cuvmm_ctx_create: the CUDA backend is unavailable: %s (%s, last CUresult %d); CUVMM_LOG=info "
+		 "gives the driver's reason, CUVMM_BACKEND=host selects the host backend",
+		 cuvmm_strerror(err), cuvmm_err_name(err), cuvmm_last_driver_error());
 }
 
 int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
@@ -73,13 +86,15 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	if (err)
 		goto fail_cond;
 	err = cvm_drv_open(&ctx->drv, &ctx->cfg);
-	if (err)
+	if (err) {
+		no_backend(&ctx->cfg, err);
 		goto fail_graphs;
+	}
 	err = cvm_drv_device_count(&ctx->drv, &ctx->ndev);
-	if (err)
-		goto fail_drv;
-	if (ctx->ndev <= 0) {
+	if (!err && ctx->ndev <= 0)
 		err = CUVMM_ENODEV;
+	if (err) {
+		no_backend(&ctx->cfg, err);
 		goto fail_drv;
 	}
 	if (ctx->ndev > CVM_MAX_DEVICES)

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cuda.h> /* CUresult codes: the library builds against the toolkit's header */
+
 #include "cuvmm.h"
 
 /* A physical chunk: CUmemGenericAllocationHandle, or the host backend's chunk pointer. */

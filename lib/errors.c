@@ -3,7 +3,11 @@
  */
 #include "cuvmm.h"
 
-#define CVM_VERSION_STRING "0.1.0"
+/* From the header's macros: one place holds the version (meson.build checks that it is the project's). */
+#define CVM_STR_(x) #x
+#define CVM_XSTR_(x) CVM_STR_(x)
+#define CVM_VERSION_STRING                                                                                   \
+	CVM_XSTR_(CUVMM_VERSION_MAJOR) "." CVM_XSTR_(CUVMM_VERSION_MINOR) "." CVM_XSTR_(CUVMM_VERSION_PATCH)
 
 const char *cuvmm_strerror(int err)
 {

@@ -571,6 +571,7 @@ static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	struct cuvmm_kv *kv = (struct cuvmm_kv *)c;
 	uint64_t delay = kv->ctx->delay_ns, next = UINT64_MAX;
 	bool sync = false, synced = false, active;
+	uint32_t unmapped = 0;
 
 	if (force)
 		pthread_mutex_lock(&kv->lock);
@@ -636,6 +637,7 @@ again:
 		pg->fence = NULL;
 		kv->empty_pages--;
 		unmap_page(kv, p);
+		unmapped++;
 	}
 	if (sync && !synced) {
 		pthread_mutex_unlock(&kv->lock);
@@ -646,6 +648,11 @@ again:
 		goto again;
 	}
 	pthread_mutex_unlock(&kv->lock);
+	/* The release decision: pages whose blocks are all free, unmapped in every tensor. */
+	if (unmapped)
+		cvm_info("kv: unmapped %u empty page(s) in %u tensors (%.1f MiB): %s", unmapped, kv->tensors,
+			 (double)unmapped * kv->tensors * cuvmm_region_granularity(kv->t) / 1048576.0,
+			 force ? "trim" : "empty for release_delay_ms");
 	return next;
 }
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "log.h"
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
@@ -22,19 +23,10 @@ static _Atomic int sink_level = -1; /* -1: no callback; use env_level */
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
+/* The parser shared with the other CUVMM_* variables (config.c) reports a bad value itself. */
 static void read_env(void)
 {
-	const char *s = getenv("CUVMM_LOG");
-
-	if (!s || !*s)
-		return;
-	for (int i = 0; i < 4; i++) {
-		if (strcmp(s, level_names[i]) == 0) {
-			atomic_store(&env_level, i);
-			return;
-		}
-	}
-	fprintf(stderr, "cuvmm: warn: CUVMM_LOG=\"%s\" is not one of error, warn, info, debug; ignored\n", s);
+	atomic_store(&env_level, cvm_env_log_level(CUVMM_LOG_WARN));
 }
 
 int cvm_log_enabled(enum cuvmm_log_level level)

@@ -283,6 +283,8 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 	struct cuvmm_ctx *ctx = p->dev->ctx;
 	struct cvm_chunk *chain = NULL, *c;
 	uint64_t next = UINT64_MAX, lead;
+	size_t gone = 0, left;
+	unsigned n = 0;
 
 	if (force) {
 		pthread_mutex_lock(&p->lock);
@@ -305,9 +307,19 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 		cache_remove(p, c);
 		c->anext = chain;
 		chain = c;
+		gone += c->size;
+		n++;
 	}
+	left = p->cached;
 	pthread_mutex_unlock(&p->lock);
 	release_chain(p, chain);
+	/* The release decision, for "why is my memory still held": what went back, why, and what stays. */
+	if (n)
+		cvm_info("device %d: gave %.1f MiB (%u chunks) back to the driver: %s; %.1f MiB stay cached (keep %.1f MiB)",
+			 p->dev->index, gone / 1048576.0, n,
+			 !force ? "free for release_delay_ms" :
+			 ctx->delay_ns == 0 ? "release_delay_ms is 0" : "trim, sleep or destroy",
+			 left / 1048576.0, keep_bytes / 1048576.0);
 	return next;
 }
 

@@ -1335,7 +1335,7 @@ static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, s
 	uint64_t deadline = UINT64_MAX, lead;
 	bool want_sync = false, synced = false;
 	struct cvm_run *going = NULL;
-	size_t cap, batch = 0;
+	size_t cap, batch = 0, by_delay = 0, by_cap = 0, by_trim = 0;
 
 	if (cvm_elapsed(now, p->win_start) > (ctx->delay_ns < 100000000u ? 100000000u : ctx->delay_ns)) {
 		p->prev_peak = p->win_peak;
@@ -1370,6 +1370,7 @@ again:
 			continue;
 		}
 		if (force) {
+			by_trim += gbytes(p, run->len);
 			free_to_va(p, run);
 		} else {
 			/* Detach it: out of every index, GOING, so nothing allocates or merges it while the
@@ -1384,6 +1385,7 @@ again:
 				}
 				batch += run->len;
 			}
+			*(due ? &by_delay : &by_cap) += gbytes(p, run->len);
 			free_unlink(p, run);
 			run->kind = CVM_RUN_GOING;
 			run->lnext = going;
@@ -1410,6 +1412,16 @@ again:
 	}
 	if (going)
 		unmap_going(p, going);
+	/* The release decision: what this pass unmapped and why (its chunks go to the device's cache, which
+	 * gives them back to the driver and says so). */
+	if (by_delay)
+		cvm_info("pool \"%s\": unmapped %.1f MiB free for release_delay_ms", p->name, by_delay / 1048576.0);
+	if (by_cap)
+		cvm_info("pool \"%s\": unmapped %.1f MiB: free memory was above the slack cap of %.1f MiB (a quarter "
+			 "of the recent peak)", p->name, by_cap / 1048576.0, cap / 1048576.0);
+	if (by_trim)
+		cvm_info("pool \"%s\": unmapped %.1f MiB free on trim (keep %.1f MiB)", p->name, by_trim / 1048576.0,
+			 keep / 1048576.0);
 	if (p->ndq || p->pend.lnext != &p->pend)
 		deadline = deadline < now + CVM_FENCE_POLL_NS ? deadline : now + CVM_FENCE_POLL_NS;
 	if (p->r.npending) {

@@ -154,8 +154,13 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		}
 	}
 	/* Past the point of no return: the physical memory goes back to the driver, not to the cache. */
-	for (size_t i = 0; i < s->nchunks; i++)
+	size_t slept = 0;
+	for (size_t i = 0; i < s->nchunks; i++) {
+		slept += kept[i]->size;
 		cvm_phys_release(&r->dev->phys, kept[i]);
+	}
+	cvm_info("sleep (%s): gave %.1f MiB (%zu chunks) back to the driver", mode == CUVMM_SLEEP_OFFLOAD ?
+		 "offload" : "discard", slept / 1048576.0, s->nchunks);
 	free(kept);
 	r->sleep = s;
 	return CUVMM_OK;

@@ -18,6 +18,8 @@
 
 #include <check.h>
 
+#include <cuda.h> /* CUresult codes; the tests build against the toolkit headers */
+
 #include "cuvmm.h"
 
 #define TC_KiB ((size_t)1 << 10)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "drv.h"
@@ -96,7 +97,7 @@ START_TEST(test_create_bad_cfg)
 	struct cuvmm_config cfg;
 	struct cuvmm_ctx *out;
 
-	for (int i = 0; i < 7; i++) {
+	for (int i = 0; i < 11; i++) {
 		const char *what = "";
 
 		cuvmm_config_init(&cfg);
@@ -109,11 +110,40 @@ START_TEST(test_create_bad_cfg)
 		case 4: cfg.release_delay_ms = -2; what = "release_delay_ms -2"; break;
 		case 5: cfg.release_delay_ms = INT64_MIN; what = "release_delay_ms INT64_MIN"; break;
 		case 6: cfg.host_granularity = 3 * TC_MiB; what = "host_granularity 3 MiB"; break;
+		/* Delays whose nanoseconds wrapped: 2^62 ms to 0 (released at once), 18446744073710 ms to 448 us. */
+		case 7: cfg.release_delay_ms = INT64_C(1) << 62; what = "release_delay_ms 2^62"; break;
+		case 8: cfg.release_delay_ms = INT64_C(18446744073710); what = "release_delay_ms 18446744073710"; break;
+		case 9: cfg.release_delay_ms = CUVMM_RELEASE_DELAY_MS_MAX + 1; what = "release_delay_ms MAX + 1"; break;
+		case 10: cfg.release_delay_ms = INT64_MAX; what = "release_delay_ms INT64_MAX"; break;
 		}
 		out = SENTINEL;
 		ck_assert_msg(cuvmm_ctx_create(&cfg, &out) == CUVMM_EINVAL, "%s accepted", what);
 		ck_assert_msg(out == SENTINEL, "%s: *out changed on failure", what);
 	}
+}
+END_TEST
+
+/* The longest delay is accepted and means "not for centuries": freed memory stays held. */
+START_TEST(test_create_longest_delay)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_ctx *ctx = SENTINEL;
+	struct cuvmm_region *r;
+	struct cuvmm_stats st;
+
+	tc_config(&cfg);
+	cfg.release_delay_ms = CUVMM_RELEASE_DELAY_MS_MAX;
+	ck_assert_int_eq(cuvmm_ctx_create(&cfg, &ctx), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 8 * TC_MiB, &r), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_map(r, 0, 4 * TC_MiB), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_unmap(r, 0, 4 * TC_MiB, NULL), CUVMM_OK);
+	usleep(200 * 1000);
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	ck_assert_int_eq(cuvmm_ctx_stats(ctx, 0, &st), CUVMM_OK);
+	ck_assert_uint_eq(st.held_bytes, 4 * TC_MiB); /* a wrapped delay would have released it at once */
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
 }
 END_TEST
 
@@ -658,6 +688,7 @@ static Suite *ctx_suite(void)
 	tcase_add_test(tc, test_create_null_out);
 	tcase_add_test(tc, test_create_auto_backend);
 	tcase_add_test(tc, test_create_bad_cfg);
+	tcase_add_test(tc, test_create_longest_delay);
 	tcase_add_test(tc, test_create_small_host_granularity);
 	tcase_add_test(tc, test_host_granularity_used);
 	tcase_add_test(tc, test_destroy_null_and_accessors);

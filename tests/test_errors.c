@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
+#include "config.h" /* cvm_env_log_level */
 
 static const char *const env_vars[] = {
 	"CUVMM_BACKEND",      "CUVMM_RELEASE_DELAY_MS",   "CUVMM_RETAIN_BYTES", "CUVMM_DEVICE_LIMIT",
-	"CUVMM_HOST_GRANULARITY", "CUVMM_BACKGROUND_RELEASE",
+	"CUVMM_HOST_GRANULARITY", "CUVMM_BACKGROUND_RELEASE", "CUVMM_LOG",
 };
 
 /* Every test starts with none of the configuration variables set (CUVMM_BACKEND is set by meson). */
@@ -92,6 +94,15 @@ START_TEST(test_version)
 	ck_assert_int_eq(sscanf(v, "%u.%u.%u%n", &major, &minor, &patch, &end), 3);
 	ck_assert_msg(end == (int)strlen(v), "version \"%s\" is not MAJOR.MINOR.PATCH", v);
 	ck_assert_ptr_eq(cuvmm_version(), v); /* static */
+	/* The header's macros name the same version as the library. */
+	ck_assert_uint_eq(major, CUVMM_VERSION_MAJOR);
+	ck_assert_uint_eq(minor, CUVMM_VERSION_MINOR);
+	ck_assert_uint_eq(patch, CUVMM_VERSION_PATCH);
+	ck_assert_int_eq(CUVMM_VERSION_NUMBER, CUVMM_VERSION_MAJOR * 10000 + CUVMM_VERSION_MINOR * 100 +
+						      CUVMM_VERSION_PATCH);
+#if CUVMM_VERSION_NUMBER < 100
+#error "CUVMM_VERSION_NUMBER is not usable in #if"
+#endif
 }
 END_TEST
 
@@ -141,22 +152,38 @@ static const struct env_case good_env[] = {
 	{"CUVMM_BACKEND", "host", F_BACKEND, CUVMM_BACKEND_HOST},
 	{"CUVMM_BACKEND", "cuda", F_BACKEND, CUVMM_BACKEND_CUDA},
 	{"CUVMM_BACKEND", "auto", F_BACKEND, CUVMM_BACKEND_AUTO},
+	{"CUVMM_BACKEND", "HOST", F_BACKEND, CUVMM_BACKEND_HOST}, /* words are case-insensitive */
+	{"CUVMM_BACKEND", "Cuda", F_BACKEND, CUVMM_BACKEND_CUDA},
+	{"CUVMM_BACKEND", "", F_BACKEND, CUVMM_BACKEND_AUTO},     /* empty: as if unset */
 	{"CUVMM_RELEASE_DELAY_MS", "250", F_DELAY, 250},
 	{"CUVMM_RELEASE_DELAY_MS", "0", F_DELAY, 0},
 	{"CUVMM_RELEASE_DELAY_MS", "-1", F_DELAY, -1},
 	{"CUVMM_RELEASE_DELAY_MS", "3600000", F_DELAY, 3600000},
+	{"CUVMM_RELEASE_DELAY_MS", "9223372036854", F_DELAY, CUVMM_RELEASE_DELAY_MS_MAX}, /* the limit */
+	{"CUVMM_RELEASE_DELAY_MS", "", F_DELAY, 1000},
 	{"CUVMM_RETAIN_BYTES", "4096", F_RETAIN, 4096},
 	{"CUVMM_RETAIN_BYTES", "0", F_RETAIN, 0},
 	{"CUVMM_RETAIN_BYTES", "64K", F_RETAIN, 64 << 10},
 	{"CUVMM_RETAIN_BYTES", "64k", F_RETAIN, 64 << 10},
 	{"CUVMM_RETAIN_BYTES", "3M", F_RETAIN, 3 << 20},
 	{"CUVMM_RETAIN_BYTES", "2G", F_RETAIN, (int64_t)2 << 30},
+	{"CUVMM_RETAIN_BYTES", "2GiB", F_RETAIN, (int64_t)2 << 30},
+	{"CUVMM_RETAIN_BYTES", "2mb", F_RETAIN, 2 << 20},
+	{"CUVMM_RETAIN_BYTES", "", F_RETAIN, 0},
 	{"CUVMM_DEVICE_LIMIT", "512M", F_LIMIT, (int64_t)512 << 20},
 	{"CUVMM_DEVICE_LIMIT", "80G", F_LIMIT, (int64_t)80 << 30},
-	{"CUVMM_DEVICE_LIMIT", "1000", F_LIMIT, 1000},
+	{"CUVMM_DEVICE_LIMIT", "2M", F_LIMIT, 2 << 20}, /* one granule: the smallest limit */
+	{"CUVMM_DEVICE_LIMIT", "0", F_LIMIT, 0},
 	{"CUVMM_HOST_GRANULARITY", "64K", F_GRAN, 64 << 10},
+	{"CUVMM_HOST_GRANULARITY", "1g", F_GRAN, (int64_t)1 << 30},
 	{"CUVMM_BACKGROUND_RELEASE", "0", F_BG, 0},
 	{"CUVMM_BACKGROUND_RELEASE", "1", F_BG, 1},
+	{"CUVMM_BACKGROUND_RELEASE", "no", F_BG, 0},
+	{"CUVMM_BACKGROUND_RELEASE", "YES", F_BG, 1},
+	{"CUVMM_BACKGROUND_RELEASE", "off", F_BG, 0},
+	{"CUVMM_BACKGROUND_RELEASE", "On", F_BG, 1},
+	{"CUVMM_BACKGROUND_RELEASE", "False", F_BG, 0},
+	{"CUVMM_BACKGROUND_RELEASE", "true", F_BG, 1},
 };
 
 START_TEST(test_config_env_each)
@@ -188,21 +215,35 @@ static const struct env_case bad_env[] = {
 	{"CUVMM_RELEASE_DELAY_MS", "-2", F_DELAY, 1000},
 	{"CUVMM_RELEASE_DELAY_MS", "abc", F_DELAY, 1000},
 	{"CUVMM_RELEASE_DELAY_MS", "10ms", F_DELAY, 1000},
-	{"CUVMM_RELEASE_DELAY_MS", "", F_DELAY, 1000},
 	{"CUVMM_RELEASE_DELAY_MS", "99999999999999999999999", F_DELAY, 1000},
+	{"CUVMM_RELEASE_DELAY_MS", "9223372036855", F_DELAY, 1000},       /* CUVMM_RELEASE_DELAY_MS_MAX + 1 */
+	{"CUVMM_RELEASE_DELAY_MS", "4611686018427387904", F_DELAY, 1000}, /* 2^62 ms: wrapped to 0 ns */
+	{"CUVMM_RELEASE_DELAY_MS", "18446744073710", F_DELAY, 1000},      /* wrapped to 448 us */
+	{"CUVMM_RELEASE_DELAY_MS", " 5", F_DELAY, 1000},
+	{"CUVMM_RELEASE_DELAY_MS", "+5", F_DELAY, 1000},
+	{"CUVMM_RELEASE_DELAY_MS", "-", F_DELAY, 1000},
 	{"CUVMM_RETAIN_BYTES", "12Q", F_RETAIN, 0},
 	{"CUVMM_RETAIN_BYTES", "-5", F_RETAIN, 0},
 	{"CUVMM_RETAIN_BYTES", "1.5G", F_RETAIN, 0},
-	{"CUVMM_RETAIN_BYTES", "", F_RETAIN, 0},
+	{"CUVMM_RETAIN_BYTES", "\t-5", F_RETAIN, 0}, /* strtoull: 2^64-5 */
+	{"CUVMM_RETAIN_BYTES", " 5", F_RETAIN, 0},
+	{"CUVMM_RETAIN_BYTES", "+5", F_RETAIN, 0},
 	{"CUVMM_RETAIN_BYTES", "M", F_RETAIN, 0},
 	{"CUVMM_RETAIN_BYTES", "99999999999999999999999", F_RETAIN, 0},
 	{"CUVMM_RETAIN_BYTES", "17179869184G", F_RETAIN, 0},
 	{"CUVMM_DEVICE_LIMIT", "lots", F_LIMIT, 0},
 	{"CUVMM_DEVICE_LIMIT", "8 G", F_LIMIT, 0},
+	{"CUVMM_DEVICE_LIMIT", " -1", F_LIMIT, 0}, /* strtoull: 2^64-1 */
+	{"CUVMM_DEVICE_LIMIT", "1k", F_LIMIT, 0},  /* below one granule: every allocation would fail */
+	{"CUVMM_DEVICE_LIMIT", "1000", F_LIMIT, 0},
+	{"CUVMM_DEVICE_LIMIT", "2097151", F_LIMIT, 0},
 	{"CUVMM_HOST_GRANULARITY", "big", F_GRAN, 2 << 20},
-	{"CUVMM_BACKGROUND_RELEASE", "yes", F_BG, 1},
+	{"CUVMM_HOST_GRANULARITY", "3M", F_GRAN, 2 << 20},  /* not a power of two */
+	{"CUVMM_HOST_GRANULARITY", "1K", F_GRAN, 2 << 20},  /* below the page size */
+	{"CUVMM_HOST_GRANULARITY", "0", F_GRAN, 2 << 20},
 	{"CUVMM_BACKGROUND_RELEASE", "2", F_BG, 1},
-	{"CUVMM_BACKGROUND_RELEASE", "", F_BG, 1},
+	{"CUVMM_BACKGROUND_RELEASE", "maybe", F_BG, 1},
+	{"CUVMM_BACKGROUND_RELEASE", " 0", F_BG, 1},
 };
 
 START_TEST(test_config_env_malformed)
@@ -240,6 +281,112 @@ START_TEST(test_config_env_mixed)
 	ck_assert(!cfg.background_release);
 	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, NULL), 1);
 	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "CUVMM_RELEASE_DELAY_MS"), 1);
+}
+END_TEST
+
+/* A bad value is reported once per process however often the configuration is read; another bad value of
+ * the same variable is reported again. The warning names the variable and what is used instead. */
+START_TEST(test_config_env_reported_once)
+{
+	struct cuvmm_config cfg;
+
+	clear_env();
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	tc_env_set("CUVMM_HOST_GRANULARITY", "3M");
+	for (int i = 0; i < 5; i++)
+		cuvmm_config_init(&cfg);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "CUVMM_HOST_GRANULARITY=\"3M\""), 1);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "using 2M"), 1);
+	tc_env_set("CUVMM_HOST_GRANULARITY", "5M");
+	cuvmm_config_init(&cfg);
+	cuvmm_config_init(&cfg);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "CUVMM_HOST_GRANULARITY"), 2);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, NULL), 2);
+}
+END_TEST
+
+/* A bad value is ignored, so the context made from the environment works (CUVMM_HOST_GRANULARITY=3M made
+ * cuvmm_ctx_create fail with CUVMM_EINVAL; CUVMM_DEVICE_LIMIT=1k made every allocation fail). */
+START_TEST(test_config_env_bad_ctx_works)
+{
+	struct cuvmm_ctx *ctx = NULL;
+	struct cuvmm_region *r = NULL;
+
+	clear_env();
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	tc_env_set("CUVMM_BACKEND", tc_on_host() ? "host" : "cuda");
+	tc_env_set("CUVMM_HOST_GRANULARITY", "3M");
+	tc_env_set("CUVMM_DEVICE_LIMIT", "1k");
+	tc_env_set("CUVMM_RETAIN_BYTES", "\t-5");
+	tc_env_set("CUVMM_RELEASE_DELAY_MS", "4611686018427387904");
+	ck_assert_int_eq(cuvmm_ctx_create(NULL, &ctx), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 16 * TC_MiB, &r), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_map(r, 0, 4 * TC_MiB), CUVMM_OK);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, NULL), 4);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* CUVMM_LOG goes through the same parser: case-insensitive words; unset, empty or bad: the fallback. */
+START_TEST(test_config_env_log_words)
+{
+	static const struct {
+		const char *value;
+		int want;
+	} cases[] = {
+		{"error", CUVMM_LOG_ERROR}, {"WARN", CUVMM_LOG_WARN},   {"warning", CUVMM_LOG_WARN},
+		{"Info", CUVMM_LOG_INFO},   {"DEBUG", CUVMM_LOG_DEBUG}, {"", 99},
+		{NULL, 99},                 {"loud", 99},               {" debug", 99},
+	};
+
+	clear_env();
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		tc_env_set("CUVMM_LOG", cases[i].value);
+		ck_assert_msg(cvm_env_log_level(99) == cases[i].want, "CUVMM_LOG=\"%s\": %d, want %d",
+			      cases[i].value ? cases[i].value : "(unset)", cvm_env_log_level(99), cases[i].want);
+	}
+}
+END_TEST
+
+/* CUVMM_BACKEND is read by one parser, whether cuvmm_config_init() or cuvmm_ctx_create() resolves AUTO. */
+START_TEST(test_config_env_backend_one_rule)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_ctx *ctx = NULL;
+
+	if (!tc_on_host())
+		return;
+	clear_env();
+	tc_env_set("CUVMM_BACKEND", "HOST");
+	memset(&cfg, 0, sizeof(cfg));
+	cuvmm_config_init(&cfg);
+	ck_assert_int_eq(cfg.backend, CUVMM_BACKEND_HOST);
+	cfg.backend = CUVMM_BACKEND_AUTO; /* resolved again by the context */
+	ck_assert_int_eq(cuvmm_ctx_create(&cfg, &ctx), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_backend(ctx), CUVMM_BACKEND_HOST);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* Without a driver, a context on the CUDA backend fails and says why at the default level (warn). On a
+ * machine with a GPU the context is made and nothing is to be said. */
+START_TEST(test_ctx_no_driver_says_why)
+{
+	struct cuvmm_ctx *ctx = NULL;
+	int err;
+
+	clear_env();
+	tc_log_capture(CUVMM_LOG_WARN);
+	tc_env_set("CUVMM_BACKEND", "cuda");
+	err = cuvmm_ctx_create(NULL, &ctx);
+	if (err == CUVMM_OK) {
+		cuvmm_ctx_destroy(ctx);
+		return;
+	}
+	ck_assert_msg(err == CUVMM_ENODRIVER || err == CUVMM_ENODEV, "%s", cuvmm_err_name(err));
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, cuvmm_err_name(err)), 1);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "CUVMM_BACKEND=host"), 1);
 }
 END_TEST
 
@@ -290,9 +437,13 @@ static void sink_fn(enum cuvmm_log_level level, const char *msg, void *user)
 /* A warning: a malformed variable. */
 static void emit_warn(void)
 {
+	static int n;
 	struct cuvmm_config cfg;
+	char value[32];
 
-	tc_env_set("CUVMM_RETAIN_BYTES", "garbage");
+	/* A new value each time: a value is reported once per process. */
+	snprintf(value, sizeof(value), "garbage%d", n++);
+	tc_env_set("CUVMM_RETAIN_BYTES", value);
 	cuvmm_config_init(&cfg);
 	tc_env_restore();
 }
@@ -347,6 +498,57 @@ START_TEST(test_log_callback_routing_and_level)
 	emit_warn();
 	ck_assert_int_eq(s.calls[CUVMM_LOG_WARN], 0);
 
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* At info, each release decision says what it freed and why; at debug, a failing driver call is named. */
+START_TEST(test_log_release_decisions)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	struct cuvmm_region *r = NULL;
+	void *p;
+
+	clear_env();
+	tc_log_capture(CUVMM_LOG_DEBUG);
+	tc_config(&cfg);
+	cfg.release_delay_ms = 100;
+	ctx = tc_ctx(&cfg);
+	ck_assert_int_eq(cuvmm_pool_create(ctx, NULL, &pool), CUVMM_OK);
+
+	/* Idle for the delay: the pool unmaps, the device gives the chunks back. */
+	ck_assert_int_eq(cuvmm_malloc(pool, 64 * TC_MiB, &p), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, p), CUVMM_OK);
+	for (int i = 0; i < 100 && tc_log_count(CUVMM_LOG_INFO, "back to the driver: free for release_delay_ms") == 0;
+	     i++)
+		usleep(20 * 1000);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "free for release_delay_ms"), 2); /* pool, then device */
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "back to the driver: free for release_delay_ms"), 1);
+
+	/* A trim says so, with what it keeps. */
+	ck_assert_int_eq(cuvmm_malloc(pool, 32 * TC_MiB, &p), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, p), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_trim(pool, 0), CUVMM_OK);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "on trim (keep 0.0 MiB)"), 1);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_INFO, "back to the driver: trim"), 1);
+	cuvmm_pool_destroy(pool);
+
+	/* A driver call that fails is named at debug: an address range as large as the whole user address space
+	 * (the host backend's mmap refuses it), and an injected failure. */
+	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 8 * TC_MiB, &r), CUVMM_OK);
+	if (tc_on_host()) {
+		struct cuvmm_region *huge = NULL;
+		size_t unit = 512 * cuvmm_region_granularity(r); /* few slots to allocate for 128 TiB */
+
+		ck_assert_int_ne(cuvmm_region_create_ex(ctx, 0, (size_t)1 << 47, unit, &huge), CUVMM_OK);
+		ck_assert_int_ge(tc_log_count(CUVMM_LOG_DEBUG, "cuMemAddressReserve failed"), 1);
+	}
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 0, 1, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_map(r, 0, 2 * TC_MiB), CUVMM_EDRIVER);
+	ck_assert_int_ge(tc_log_count(CUVMM_LOG_DEBUG, "cuMemMap: injected failure"), 1);
 	cuvmm_region_destroy(r);
 	cuvmm_ctx_destroy(ctx);
 }
@@ -477,6 +679,11 @@ static Suite *errors_suite(void)
 	tcase_add_loop_test(tc, test_config_env_malformed, 0, (int)(sizeof(bad_env) / sizeof(bad_env[0])));
 	tcase_add_test(tc, test_config_env_mixed);
 	tcase_add_test(tc, test_config_env_reaches_ctx);
+	tcase_add_test(tc, test_config_env_reported_once);
+	tcase_add_test(tc, test_config_env_bad_ctx_works);
+	tcase_add_test(tc, test_config_env_log_words);
+	tcase_add_test(tc, test_config_env_backend_one_rule);
+	tcase_add_test(tc, test_ctx_no_driver_says_why);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("log");
@@ -484,6 +691,7 @@ static Suite *errors_suite(void)
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_log_callback_routing_and_level);
 	tcase_add_test(tc, test_log_env_levels);
+	tcase_add_test(tc, test_log_release_decisions);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what building and testing cuvmm needs, if it is missing (Debian/Ubuntu). Sourced by demo.sh and
-# test.sh; safe to run again. The CUDA toolkit headers (cuda.h) must already be there: /usr/local/cuda
-# or $CUDA_HOME; no GPU and no CUDA driver are needed to build or to run the host backend.
+# test.sh; safe to run again. The CUDA toolkit headers (cuda.h) must already be there: $CUDA_HOME
+# or /usr/local/cuda; no GPU and no CUDA driver are needed to build or to run the host backend.
 set -euo pipefail
 
 need=()
@@ -21,7 +21,9 @@ if [ ${#need[@]} -gt 0 ]; then
 	$sudo apt-get update -qq
 	$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ] && [ ! -f /usr/include/cuda.h ]; then
+# The same search as meson.build: $CUDA_HOME first, then /usr/local/cuda, then the system's.
+if [ ! -f "${CUDA_HOME:-/nonexistent}/include/cuda.h" ] && [ ! -f /usr/local/cuda/include/cuda.h ] &&
+	[ ! -f /usr/include/cuda.h ]; then
 	echo "cuvmm: cuda.h not found: install the CUDA toolkit headers (or set CUDA_HOME)" >&2
 	exit 1
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that must be proven on a real GPU, in one go: build, the cuda test suite, the benchmarks and
-# the examples. Written for the device machine of this project (see shared/GPU.md): Check comes as .debs
+# the examples. Written for the device machine of this project (see doc/gpu-machine.md): Check comes as .debs
 # in .deps/ (carried with the call), results go to $OUT (at most 8 files come back).
 #
 #   tools/gpu-run.sh [STAGE...]     stages: tests bench examples (default: all)
