@@ -3,10 +3,12 @@
 # the examples. Written for the device machine of this project (see doc/gpu-machine.md): Check comes as .debs
 # in .deps/ (carried with the call), results go to $OUT (at most 8 files come back).
 #
-#   tools/gpu-run.sh [STAGE...]     stages: tests bench examples (default: all)
+#   tools/gpu-run.sh [STAGE...]     stages: tests bench examples torch torchbench (default: the first three)
 #
-# Logs: $OUT/tests.log, $OUT/bench.log, $OUT/examples.log; CSVs: trace.csv, trace-summary.csv,
-# shrink.csv, kv.csv.
+# Logs: $OUT/tests.log, $OUT/bench.log, $OUT/examples.log, $OUT/torch.log, $OUT/torchbench.log; CSVs:
+# trace.csv, trace-summary.csv, shrink.csv, kv.csv; torchbench.json. The cuda suite includes the PyTorch
+# tests (torch-cuda); the torch stage runs an unmodified script with and without `python -m cuvmm.torch`,
+# torchbench the PyTorch scenarios of bench/torch/scenarios.py ($TORCHBENCH: its options).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cuvmm-out}
@@ -18,7 +20,7 @@ if ls .deps/*.deb >/dev/null 2>&1; then
 	for f in .deps/*.deb; do dpkg -x "$f" /; done
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if ! { meson setup "$B" -Ddocs=disabled >"$OUT/build.log" 2>&1 && ninja -C "$B" >>"$OUT/build.log" 2>&1; }; then
+if ! { meson setup --wipe "$B" -Ddocs=disabled >"$OUT/build.log" 2>&1 && ninja -C "$B" >>"$OUT/build.log" 2>&1; }; then
 	tail -40 "$OUT/build.log"
 	exit 1
 fi
@@ -55,6 +57,22 @@ for s in $stages; do
 			"$B/examples/shrink_on_idle" --csv="$OUT/shrink.csv"
 		} >"$OUT/examples.log" 2>&1
 		grep -vE "^ +[0-9.]+ (burst|idle)" "$OUT/examples.log" | tail -60
+		;;
+	torch)
+		{
+			echo "== stock PyTorch"
+			python3 examples/torch/del_model.py
+			echo "== python -m cuvmm.torch (CUVMM_RELEASE_DELAY_MS=${CUVMM_RELEASE_DELAY_MS:-1000})"
+			CUVMM_LIBRARY="$B/lib/libcuvmm.so" PYTHONPATH=python python3 -m cuvmm.torch examples/torch/del_model.py
+		} >"$OUT/torch.log" 2>&1
+		cat "$OUT/torch.log"
+		;;
+	torchbench)
+		# shellcheck disable=SC2086
+		CUVMM_LIBRARY="$B/lib/libcuvmm.so" PYTHONPATH=python PYTHONUNBUFFERED=1 \
+			python3 bench/torch/scenarios.py --out="$OUT/torchbench.json" ${TORCHBENCH:-} \
+			>"$OUT/torchbench.log" 2>&1
+		cat "$OUT/torchbench.log"
 		;;
 	esac
 done
