@@ -264,6 +264,11 @@ int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stre
 
 	if (err)
 		return err;
+	return cvm_drv_event_record_uncaptured(d, dev, ev, stream);
+}
+
+int cvm_drv_event_record_uncaptured(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream)
+{
 	return PLAIN(d, CUVMM_CALL_EVENT_RECORD, d->be->event_record(d->state, dev, ev, stream));
 }
 

@@ -132,6 +132,8 @@ int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *tot
 int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev);
 void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream);
+/* The same for a caller that has just seen `stream` not capturing (one driver call fewer on a hot path). */
+int cvm_drv_event_record_uncaptured(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream);
 /* 1: complete, 0: not yet, <0: error. */
 int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev);

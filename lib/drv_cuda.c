@@ -12,6 +12,7 @@
  */
 #include <dlfcn.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,7 +202,7 @@ struct cu_scope {
  * ctx_leave. If the current context cannot even be read (e.g. the application's was destroyed), pushing
  * anyway is still safe: the pop restores whatever was there.
  */
-static CUresult ctx_enter(const struct cuda_state *s, CUcontext ctx, struct cu_scope *sc)
+static CUresult ctx_enter_mode(const struct cuda_state *s, CUcontext ctx, struct cu_scope *sc, bool relaxed)
 {
 	CUcontext cur = NULL;
 	CUresult r;
@@ -209,16 +210,21 @@ static CUresult ctx_enter(const struct cuda_state *s, CUcontext ctx, struct cu_s
 	sc->pushed = 0;
 	sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
 	/* Cannot fail for a valid mode; if it did, the call below runs in the thread's own mode. */
-	if (s->fn.ThreadExchangeStreamCaptureMode(&sc->mode) != CUDA_SUCCESS)
+	if (relaxed && s->fn.ThreadExchangeStreamCaptureMode(&sc->mode) != CUDA_SUCCESS)
 		sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
 	if (s->fn.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
 		return CUDA_SUCCESS;
 	r = s->fn.CtxPushCurrent(ctx);
 	if (r == CUDA_SUCCESS)
 		sc->pushed = 1;
-	else
+	else if (sc->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
 		s->fn.ThreadExchangeStreamCaptureMode(&sc->mode);
 	return r;
+}
+
+static CUresult ctx_enter(const struct cuda_state *s, CUcontext ctx, struct cu_scope *sc)
+{
+	return ctx_enter_mode(s, ctx, sc, true);
 }
 
 static void ctx_leave(const struct cuda_state *s, struct cu_scope sc)
@@ -238,7 +244,7 @@ static void ctx_leave(const struct cuda_state *s, struct cu_scope sc)
 }
 
 /* Validate dev and make its primary context current. */
-static CUresult dev_enter(struct cuda_state *s, int dev, struct cuda_dev **d, struct cu_scope *sc)
+static CUresult dev_enter_mode(struct cuda_state *s, int dev, struct cuda_dev **d, struct cu_scope *sc, bool relaxed)
 {
 	sc->pushed = 0;
 	sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -247,7 +253,12 @@ static CUresult dev_enter(struct cuda_state *s, int dev, struct cuda_dev **d, st
 	*d = &s->dev[dev];
 	if (!(*d)->ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	return ctx_enter(s, (*d)->ctx, sc);
+	return ctx_enter_mode(s, (*d)->ctx, sc, relaxed);
+}
+
+static CUresult dev_enter(struct cuda_state *s, int dev, struct cuda_dev **d, struct cu_scope *sc)
+{
+	return dev_enter_mode(s, dev, d, sc, true);
 }
 
 /* Device 0's primary context for host allocations, retained on first use. */
@@ -869,7 +880,9 @@ static int cuda_capture_id(void *state, int dev, CUstream stream, uint64_t *id)
 	struct cu_scope sc;
 	CUresult r;
 
-	r = dev_enter(s, dev, &d, &sc);
+	/* Legal in every capture mode, and asked on every stream-ordered malloc and free: no exchange of the
+	 * thread's capture mode. */
+	r = dev_enter_mode(s, dev, &d, &sc, false);
 	if (r != CUDA_SUCCESS)
 		return r;
 	r = s->fn.StreamGetCaptureInfo(stream, &st, &cid, NULL, NULL, NULL);

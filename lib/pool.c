@@ -1139,6 +1139,8 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		err = cvm_drv_capture_id(CVM_DRV(p->r.dev), p->r.dev->index, stream, &cap);
 		if (err)
 			return err;
+		if (!cap)
+			cvm_graph_not_capturing(p->r.ctx, stream);
 	}
 	if (cap || cvm_graph_maybe(&p->r.ctx->graphs)) {
 		/* Graph memory stays with its graph pool; memory freed under capture joins it. */
@@ -1175,7 +1177,8 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		/* Fence the free on the stream; on failure nothing has changed yet. */
 		err = cvm_region_event_get_locked(&p->r, &ev);
 		if (!err) {
-			err = cvm_drv_event_record(CVM_DRV(p->r.dev), p->r.dev->index, ev, stream);
+			/* cap is 0: the stream was seen not capturing above. */
+			err = cvm_drv_event_record_uncaptured(CVM_DRV(p->r.dev), p->r.dev->index, ev, stream);
 			if (err)
 				cvm_region_event_put_locked(&p->r, ev);
 		}
