@@ -388,7 +388,7 @@ int cuvmm_ctx_inject_fault(struct cuvmm_ctx *ctx, enum cuvmm_call call, uint64_t
 		return CUVMM_EINVAL;
 	f = &ctx->drv.fault[call];
 	atomic_store(&f->count, 0);
-	f->err = err;
+	atomic_store(&f->err, err);
 	atomic_store(&f->skip, skip);
 	atomic_store(&f->count, count);
 	return CUVMM_OK;
