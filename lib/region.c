@@ -404,26 +404,22 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 	r->client.ops = &region_ops;
 	r->client.dev = dev;
 	r->spare_cap = 64;
+	/* Reserve before allocating the per-granule table: a range that cannot be reserved is ENOSPC, and its
+	 * table (16 bytes per granule: 128 GiB for 2^63 bytes) must not be tried, let alone fail first. */
+	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
+	if (err)
+		return err == CUVMM_ENOMEM || err == CUVMM_EINVAL ? CUVMM_ENOSPC : err;
 	r->slot = calloc(r->npages, sizeof(*r->slot));
 	r->spare_ev = calloc(r->spare_cap, sizeof(*r->spare_ev));
-	if (!r->slot || !r->spare_ev) {
+	if (!r->slot || !r->spare_ev || pthread_mutex_init(&r->lock, NULL)) {
 		err = CUVMM_ENOMEM;
-		goto fail;
-	}
-	if (pthread_mutex_init(&r->lock, NULL)) {
-		err = CUVMM_ENOMEM;
-		goto fail;
-	}
-	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
-	if (err) {
-		if (err == CUVMM_ENOMEM || err == CUVMM_EINVAL)
-			err = CUVMM_ENOSPC;
-		pthread_mutex_destroy(&r->lock);
 		goto fail;
 	}
 	cvm_acct_reserved(&r->acct, (int64_t)size);
 	return CUVMM_OK;
 fail:
+	if (cvm_drv_unreserve(CVM_DRV(dev), device, r->base, size))
+		cvm_err("freeing %zu bytes of address space at %p failed", size, (void *)r->base);
 	free(r->slot);
 	free(r->spare_ev);
 	return err;
