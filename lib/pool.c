@@ -531,14 +531,17 @@ static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 }
 
 /* Unmap every safe FREE run (sync first, without the lock, if some are fenced by the device epoch) and
- * release the device's cached chunks: the answer to running out of memory. */
-static void drop_slack(struct cuvmm_pool *p)
+ * release the device's cached chunks: the answer to running out of memory. CUVMM_ESTATE (nothing done)
+ * when the pool was put to sleep while the lock was dropped: the allocation must not map into it. */
+static int drop_slack(struct cuvmm_pool *p)
 {
 	struct cvm_run *run, *next;
 
 	pthread_mutex_unlock(&p->r.lock);
 	cvm_dev_sync_epoch(p->r.dev);
 	pthread_mutex_lock(&p->r.lock);
+	if (p->r.sleep)
+		return CUVMM_ESTATE;
 	settle_pending(p, INT32_MAX);
 	for (run = p->age.lnext; run != &p->age; run = next) {
 		next = run->lnext;
@@ -547,6 +550,7 @@ static void drop_slack(struct cuvmm_pool *p)
 	}
 	cvm_region_process_locked(&p->r, cvm_now_ns(), false);
 	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, 0);
+	return CUVMM_OK;
 }
 
 /* Unmap the oldest FREE runs that are safe to unmap (no device sync here) while the slack exceeds its
@@ -687,8 +691,8 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, s
 		if (!err)
 			goto found;
 		/* Out of memory for the few granules it lacked: all k elsewhere would not fit either. */
-		if (err == CUVMM_ENOMEM)
-			drop_slack(p);
+		if (err == CUVMM_ENOMEM && drop_slack(p))
+			return CUVMM_ESTATE;
 	}
 	/* Slack beyond its cap is unmapped by the reclaim pass, without the pool's lock, while the allocating
 	 * thread only maps. When the pass falls behind (the cap and 64 MiB more), the allocating thread
@@ -701,12 +705,15 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, s
 		pthread_mutex_unlock(&p->r.lock);
 		cvm_dev_sync_epoch(p->r.dev);
 		pthread_mutex_lock(&p->r.lock);
+		if (p->r.sleep)
+			return CUVMM_ESTATE; /* put to sleep meanwhile */
 		steal_slack(p, slack_cap_after(p, gbytes(p, k)));
 	}
 	err = map_fresh(p, k, out);
 	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
-		drop_slack(p);
-		err = map_fresh(p, k, out);
+		err = drop_slack(p);
+		if (!err)
+			err = map_fresh(p, k, out);
 	}
 	if (err)
 		return err;
