@@ -1224,8 +1224,7 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 			r->slot[v[i].g + j].chunk = NULL;
 			r->slot[v[i].g + j].state = CVM_SLOT_UNMAPPED;
 		}
-		cvm_acct_mapped(&r->acct, -(int64_t)v[i].c->size);
-		cvm_acct_held_local(&r->acct, -(int64_t)v[i].c->size);
+		cvm_acct_map(&r->acct, -(int64_t)v[i].c->size);
 		v[i].c->freed_ns = v[i].since;
 		cvm_phys_put(&r->dev->phys, v[i].c);
 	}
@@ -1404,9 +1403,11 @@ int cuvmm_pool_stats(struct cuvmm_pool *p, struct cuvmm_stats *out)
 {
 	if (!p || cvm_stats_check(out))
 		return CUVMM_EINVAL;
-	cvm_acct_fill(&p->r.acct, &p->r.cnt, out);
+	cvm_acct_lock(&p->r.acct); /* one snapshot of both accounts */
+	cvm_acct_fill_locked(&p->r.acct, &p->r.cnt, out);
 	out->live_bytes = atomic_load(&p->pacct.live);
 	out->peak_live_bytes = atomic_load(&p->pacct.peak_live);
+	cvm_acct_unlock(&p->r.acct);
 	return CUVMM_OK;
 }
 

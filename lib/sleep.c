@@ -74,11 +74,10 @@ static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, CUstream stream
 static void remap_kept(struct cuvmm_region *r, struct cvm_sleep *s, struct cvm_chunk **kept, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		if (cvm_region_chunk_map_locked(r, s->chunks[i].g, kept[i], CVM_SLOT_MAPPED)) {
+		/* On failure the chunk went back to the device (or stays quarantined in the region). */
+		if (cvm_region_chunk_map_locked(r, s->chunks[i].g, kept[i], CVM_SLOT_MAPPED))
 			cvm_err("sleep: could not map %zu bytes back at granule %zu after a failed unmap; they are lost",
 				kept[i]->size, s->chunks[i].g);
-			cvm_phys_release(&r->dev->phys, kept[i]);
-		}
 	}
 }
 
@@ -178,17 +177,34 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 
 	if (!s)
 		return CUVMM_ESTATE;
+	/* Chunks an earlier wake could not unmap stay quarantined at their granules: unmap them now if the
+	 * driver lets us, else take them back below. */
+	if (r->npending)
+		cvm_region_process_locked(r, cvm_now_ns(), false);
 	for (i = 0; i < s->nchunks; i++) {
-		struct cvm_chunk *c;
+		size_t g = s->chunks[i].g;
+		struct cvm_chunk *c = r->slot[g].chunk;
 		bool last, adjacent;
 
-		err = cvm_phys_get(&r->dev->phys, s->chunks[i].cls, &r->cnt, &c);
-		if (err)
-			goto undo;
-		err = cvm_region_chunk_map_locked(r, s->chunks[i].g, c, CVM_SLOT_MAPPED);
-		if (err) {
-			cvm_phys_undo(&r->dev->phys, c);
-			goto undo;
+		if (c) {
+			/* Quarantined by an earlier wake: the very chunk this record asks for, still mapped. */
+			if (c->cls != s->chunks[i].cls || r->slot[g].state != CVM_SLOT_DONE) {
+				err = CUVMM_EDRIVER;
+				goto undo;
+			}
+			err = cvm_region_grant_locked(r, g);
+			if (err)
+				goto undo;
+			for (size_t j = 0; j < cvm_span(r, c); j++)
+				r->slot[g + j].state = CVM_SLOT_MAPPED;
+			r->npending -= cvm_span(r, c);
+		} else {
+			err = cvm_phys_get(&r->dev->phys, s->chunks[i].cls, &r->cnt, &c);
+			if (err)
+				goto undo;
+			err = cvm_region_chunk_map_locked(r, g, c, CVM_SLOT_MAPPED);
+			if (err)
+				goto undo; /* c is given back or quarantined */
 		}
 		if (!copy)
 			continue;
@@ -225,10 +241,11 @@ undo:
 	if (copy)
 		cvm_drv_stream_sync(d, r->dev->index, stream);
 	while (i-- > 0) {
-		struct cvm_chunk *c;
+		struct cvm_chunk *c = r->slot[s->chunks[i].g].chunk;
 
 		if (cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &c)) {
-			cvm_err("wake: unmapping after a failure failed; granule %zu stays mapped", s->chunks[i].g);
+			/* Kept at its granule, out of the cache: the next wake takes it back (or a pass unmaps it). */
+			cvm_region_quarantine_locked(r, s->chunks[i].g, c);
 			continue;
 		}
 		cvm_phys_undo(&r->dev->phys, c);
