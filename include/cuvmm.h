@@ -606,7 +606,11 @@ enum cuvmm_sleep_mode {
 /**
  * Put a region to sleep: (OFFLOAD) copy its mapped contents to pinned host memory, then unmap them and
  * release their physical memory to the driver. Returns when the memory has been given back.
- * On failure the region is awake and intact.
+ * On failure the region is awake and intact. A double fault (an unmap refused, then the map that would
+ * undo it refused too) cannot be undone: the sleep then completes instead and returns CUVMM_OK (the
+ * contents are in the host copy), and chunks whose unmap is refused stay quarantined at their addresses
+ * (counted in held and mapped, without access) until a later pass unmaps them or the wake takes them
+ * back.
  * @param[in] r the region
  * @param[in] mode OFFLOAD or DISCARD
  * @param[in] stream the work that must complete before the contents are copied or dropped; NULL: all

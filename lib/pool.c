@@ -1445,7 +1445,8 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		goto out;
 	}
 	err = cvm_region_sleep_locked(&p->r, mode, stream);
-	if (!err) {
+	/* (not with chunks quarantined by a refused unmap: the wake takes them back as recorded) */
+	if (!err && !p->r.npending) {
 		/* A pool that sleeps holds weights, or something as long-lived: the wake maps each allocation of
 		 * 32 granules or more with handles of about k/16 granules (a power of two, up to 128 MiB), 16 to
 		 * 32 per allocation instead of k, for the wake and every later sleep. Run boundaries stay chunk

@@ -4,7 +4,9 @@
  *
  * Sleep records every mapped chunk (first granule, size class), copies their contents to one pinned host
  * buffer (OFFLOAD), unmaps them all and only then releases them, so that a failure anywhere before the
- * release can put the very same chunks back and leave the region awake and intact. Wake maps chunks of
+ * release can put the very same chunks back and leave the region awake and intact. Only if the driver
+ * refuses that too (an unmap refused, then a map back) does the sleep go forward instead: the contents are
+ * in the host copy, and chunks it cannot unmap stay quarantined (see struct cvm_slot) for the wake. Wake maps chunks of
  * the same classes at the same granules, copies the contents back and frees the host copy only once the
  * copy has completed; a failure unmaps what it mapped and leaves the region asleep with its host copy.
  * Copies are issued in pieces of CVM_COPY_PIECE bytes, back to back on one stream, so the copy engine
@@ -70,15 +72,22 @@ static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, CUstream stream
 	return cvm_drv_stream_sync(d, r->dev->index, stream);
 }
 
-/* Put back chunks [0, n) of `kept` at their granules (undo of a partial unmap). */
-static void remap_kept(struct cuvmm_region *r, struct cvm_sleep *s, struct cvm_chunk **kept, size_t n)
+/* Map chunks [0, n) of `kept` back at their granules (undo of a partial unmap). Returns true if all went
+ * back; each one that did, or that the driver refused (then given back or quarantined by the map), leaves
+ * `kept`. */
+static bool remap_kept(struct cuvmm_region *r, struct cvm_sleep *s, struct cvm_chunk **kept, size_t n)
 {
+	bool all = true;
+
 	for (size_t i = 0; i < n; i++) {
-		/* On failure the chunk went back to the device (or stays quarantined in the region). */
-		if (cvm_region_chunk_map_locked(r, s->chunks[i].g, kept[i], CVM_SLOT_MAPPED))
-			cvm_err("sleep: could not map %zu bytes back at granule %zu after a failed unmap; they are lost",
-				kept[i]->size, s->chunks[i].g);
+		if (cvm_region_chunk_map_locked(r, s->chunks[i].g, kept[i], CVM_SLOT_MAPPED)) {
+			cvm_err("sleep: could not map granule %zu back after a failed unmap; sleeping instead",
+				s->chunks[i].g);
+			all = false;
+		}
+		kept[i] = NULL;
 	}
+	return all;
 }
 
 int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream)
@@ -142,15 +151,30 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 			goto fail;
 	}
 	for (size_t i = 0; i < s->nchunks; i++) {
-		err = cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]);
-		if (err) {
-			remap_kept(r, s, kept, i);
+		if (!cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]))
+			continue;
+		/* Refused: map back what was unmapped, and the region is awake and intact. */
+		if (remap_kept(r, s, kept, i)) {
+			err = CUVMM_EDRIVER;
 			goto fail;
 		}
+		/* A map back was refused too: those contents are in the host copy alone (or were to be dropped),
+		 * so the sleep goes forward instead. Chunks whose unmap is refused stay quarantined at their
+		 * granules, counted held, until a pass unmaps them or the wake takes them back. */
+		for (size_t k = 0; k < s->nchunks; k++) {
+			size_t g = s->chunks[k].g;
+
+			if (kept[k] || r->slot[g].state != CVM_SLOT_MAPPED)
+				continue; /* unmapped, in hand or given back */
+			if (cvm_region_chunk_unmap_locked(r, g, &kept[k]))
+				cvm_region_quarantine_locked(r, g, r->slot[g].chunk);
+		}
+		break;
 	}
 	/* Past the point of no return: the physical memory goes back to the driver, not to the cache. */
 	for (size_t i = 0; i < s->nchunks; i++)
-		cvm_phys_release(&r->dev->phys, kept[i]);
+		if (kept[i])
+			cvm_phys_release(&r->dev->phys, kept[i]);
 	free(kept);
 	r->sleep = s;
 	return CUVMM_OK;
