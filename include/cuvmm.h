@@ -496,7 +496,7 @@ struct cuvmm_kv_config {
 	int device;           /**< device; default 0 */
 	size_t block_bytes;   /**< bytes of one block in one tensor; any size (blocks may straddle pages) */
 	uint32_t max_blocks;  /**< block ids are 0 .. max_blocks-1 */
-	uint32_t tensors;     /**< tensors that share block ids, e.g. 2 * layers for K and V; default 1 */
+	uint32_t tensors;     /**< tensors that share block ids, e.g. 2 * layers for K and V; 1 to 65536; default 1 */
 };
 
 /**
@@ -514,8 +514,9 @@ struct cuvmm_kv;
  * @param[in] ctx the context
  * @param[in] cfg configuration; its size field must be set
  * @param[out] out the new object
- * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, a zero field or an overflowing size; CUVMM_ENODEV for
- *         a device out of range; CUVMM_ENOSPC when the address space cannot be reserved
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, a zero field, more than 65536 tensors or an
+ *         overflowing size (block_bytes x max_blocks x tensors); CUVMM_ENODEV for a device out of range;
+ *         CUVMM_ENOSPC when the address space cannot be reserved
  */
 CUVMM_API int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, struct cuvmm_kv **out);
 

@@ -307,10 +307,13 @@ int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, st
 	uint32_t t = 0;
 	int err;
 
+	/* Tensors are bounded before their table is allocated: 2^32 of them asked for a terabyte of it. */
 	if (!ctx || !cfg || !out || cfg->size < sizeof(*cfg) || !cfg->block_bytes || !cfg->max_blocks ||
-	    !cfg->tensors || cfg->block_bytes > SIZE_MAX / cfg->max_blocks)
+	    !cfg->tensors || cfg->tensors > CVM_KV_MAX_TENSORS || cfg->block_bytes > SIZE_MAX / cfg->max_blocks)
 		return CUVMM_EINVAL;
 	total = cfg->block_bytes * cfg->max_blocks;
+	if (total > SIZE_MAX / cfg->tensors)
+		return CUVMM_EINVAL; /* the address space of all tensors together overflows */
 	kv = calloc(1, sizeof(*kv));
 	if (!kv)
 		return CUVMM_ENOMEM;
