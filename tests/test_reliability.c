@@ -597,6 +597,150 @@ START_TEST(test_stats_snapshot)
 }
 END_TEST
 
+/* ----- stress: several threads on one pool and one kv object ----- */
+
+/*
+ * Three threads malloc, fill, check and free on one pool (sync and async), two allocate, tag, check and free
+ * kv blocks, one trims and reads statistics, and the background thread releases on a 1 ms delay. Each
+ * thread checks its own memory (an overlap between threads corrupts it) and the reader the invariants.
+ * Run under ThreadSanitizer by .ci/run; $CUVMM_STRESS_MS sets the duration (default 2000).
+ */
+struct stress {
+	struct stats_arg a;
+	atomic_int failed;
+	char why[256];
+};
+
+static void stress_fail(struct stress *st, const char *why)
+{
+	if (atomic_exchange(&st->failed, 1) == 0)
+		snprintf(st->why, sizeof(st->why), "%s", why);
+}
+
+static void *stress_pool(void *arg)
+{
+	struct stress *st = arg;
+	unsigned seed = (unsigned)(uintptr_t)&seed;
+	CUstream stream = (CUstream)(uintptr_t)(1 + (seed & 7));
+
+	while (!atomic_load(&st->a.stop) && !atomic_load(&st->failed)) {
+		void *p[6] = {0};
+		size_t n[6];
+
+		for (int i = 0; i < 6; i++) {
+			n[i] = 1 + (size_t)rand_r(&seed) % (i < 3 ? 64 * TC_KiB : 3 * G);
+			if ((i & 1 ? cuvmm_malloc_async(st->a.p, n[i], stream, &p[i]) : cuvmm_malloc(st->a.p, n[i], &p[i])))
+				p[i] = NULL;
+			else
+				memset(p[i], 0x40 + i, n[i] < 4096 ? n[i] : 4096);
+		}
+		for (int i = 0; i < 6; i++) {
+			if (!p[i])
+				continue;
+			for (size_t k = 0; k < (n[i] < 4096 ? n[i] : 4096); k++)
+				if (((unsigned char *)p[i])[k] != 0x40 + i) {
+					stress_fail(st, "pool: an allocation was overwritten");
+					break;
+				}
+			if ((i & 1 ? cuvmm_free_async(st->a.p, p[i], stream) : cuvmm_free(st->a.p, p[i])))
+				stress_fail(st, "pool: free failed");
+		}
+	}
+	return NULL;
+}
+
+static void *stress_kv(void *arg)
+{
+	struct stress *st = arg;
+	uint32_t tag = (uint32_t)(uintptr_t)&tag;
+
+	while (!atomic_load(&st->a.stop) && !atomic_load(&st->failed)) {
+		uint32_t ids[16];
+
+		if (cuvmm_kv_alloc(st->a.kv, 16, ids))
+			continue;
+		for (int i = 0; i < 16; i++)
+			for (uint32_t t = 0; t < 2; t++)
+				memcpy((char *)cuvmm_kv_tensor(st->a.kv, t) + (size_t)ids[i] * 256 * TC_KiB, &tag, 4);
+		for (int i = 0; i < 16; i++)
+			for (uint32_t t = 0; t < 2; t++)
+				if (memcmp((char *)cuvmm_kv_tensor(st->a.kv, t) + (size_t)ids[i] * 256 * TC_KiB, &tag, 4))
+					stress_fail(st, "kv: a block was overwritten");
+		if (cuvmm_kv_free(st->a.kv, 16, ids, (CUstream)(uintptr_t)(tag & 1 ? 1 : 0)))
+			stress_fail(st, "kv: free failed");
+		tag++;
+	}
+	return NULL;
+}
+
+static void *stress_trim(void *arg)
+{
+	struct stress *st = arg;
+
+	while (!atomic_load(&st->a.stop) && !atomic_load(&st->failed)) {
+		struct cuvmm_stats s = {.size = sizeof(s)};
+
+		cuvmm_pool_trim(st->a.p, 0);
+		cuvmm_ctx_trim(st->a.ctx, -1, 0);
+		cuvmm_ctx_stats(st->a.ctx, 0, &s);
+		if (!stats_ok(&s, st->a.limit, false, "device", st->a.bad))
+			stress_fail(st, st->a.bad);
+		tc_sleep_ms(1);
+	}
+	return NULL;
+}
+
+START_TEST(test_stress)
+{
+	struct cuvmm_config cfg;
+	struct stress st;
+	struct cuvmm_pool_config pc;
+	struct cuvmm_kv_config kc;
+	const char *env = getenv("CUVMM_STRESS_MS");
+	int ms = env ? atoi(env) : 2000;
+	pthread_t t[8];
+	int n = 0;
+	uint64_t t0;
+
+	if (!tc_on_host())
+		return; /* the threads check memory from the CPU */
+	memset(&st, 0, sizeof(st));
+	tc_config(&cfg);
+	cfg.release_delay_ms = 1;
+	cfg.background_release = true;
+	cfg.device_limit_bytes = st.a.limit = 64 * G;
+	st.a.ctx = tc_ctx(&cfg);
+	ck_assert_int_eq(cuvmm_region_create(st.a.ctx, 0, 4 * G, &st.a.r), CUVMM_OK);
+	cuvmm_pool_config_init(&pc);
+	pc.max_bytes = 64 * G;
+	ck_assert_int_eq(cuvmm_pool_create(st.a.ctx, &pc, &st.a.p), CUVMM_OK);
+	cuvmm_kv_config_init(&kc);
+	kc.block_bytes = 256 * TC_KiB;
+	kc.max_blocks = 512;
+	kc.tensors = 2;
+	ck_assert_int_eq(cuvmm_kv_create(st.a.ctx, &kc, &st.a.kv), CUVMM_OK);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(pthread_create(&t[n++], NULL, stress_pool, &st), 0);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(pthread_create(&t[n++], NULL, stress_kv, &st), 0);
+	ck_assert_int_eq(pthread_create(&t[n++], NULL, stress_trim, &st), 0);
+	ck_assert_int_eq(pthread_create(&t[n++], NULL, stats_reader, &st.a), 0);
+	t0 = tc_now_ms();
+	while (tc_now_ms() - t0 < (uint64_t)ms && !atomic_load(&st.failed) && !st.a.bad[0])
+		tc_sleep_ms(10);
+	atomic_store(&st.a.stop, true);
+	for (int i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+	ck_assert_msg(!atomic_load(&st.failed), "%s", st.why);
+	ck_assert_msg(!st.a.bad[0], "%s", st.a.bad);
+	cuvmm_kv_destroy(st.a.kv);
+	cuvmm_pool_destroy(st.a.p);
+	cuvmm_region_destroy(st.a.r);
+	ck_assert_uint_eq(tc_ctx_stats(st.a.ctx).live_bytes, 0);
+	cuvmm_ctx_destroy(st.a.ctx);
+}
+END_TEST
+
 /* ----- 9. ranges that cannot be reserved ----- */
 
 START_TEST(test_unreservable_enospc)
@@ -695,8 +839,16 @@ START_TEST(test_size_limits)
 	kc.block_bytes = G;
 	kc.max_blocks = UINT32_MAX;
 	kc.tensors = UINT32_MAX;
-	ck_assert_int_ne(cuvmm_kv_create(ctx, &kc, &kv), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_kv_create(ctx, &kc, &kv), CUVMM_EINVAL); /* no table of 2^32 tensors tried */
+	kc.max_blocks = 1;
+	ck_assert_int_eq(cuvmm_kv_create(ctx, &kc, &kv), CUVMM_EINVAL);
+	kc.tensors = 65537;
+	ck_assert_int_eq(cuvmm_kv_create(ctx, &kc, &kv), CUVMM_EINVAL);
+	kc.block_bytes = (size_t)1 << 50; /* 2^50 x 2^14 tensors overflows */
+	kc.tensors = (uint32_t)1 << 14;
+	ck_assert_int_eq(cuvmm_kv_create(ctx, &kc, &kv), CUVMM_EINVAL);
 	ck_assert_ptr_null(kv);
+	kc.block_bytes = G;
 	kc.max_blocks = 2;
 	kc.tensors = 1;
 	ck_assert_int_eq(cuvmm_kv_create(ctx, &kc, &kv), CUVMM_OK);
@@ -746,6 +898,12 @@ static Suite *reliability_suite(void)
 	tcase_add_test(tc, test_malloc_races_sleep);
 	tcase_add_test(tc, test_inject_fault_race);
 	tcase_add_test(tc, test_stats_snapshot);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("stress");
+	tcase_set_timeout(tc, TC_TIMEOUT);
+	tcase_add_checked_fixture(tc, NULL, teardown);
+	tcase_add_test(tc, test_stress);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("limits");
