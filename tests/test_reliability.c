@@ -441,8 +441,11 @@ START_TEST(test_inject_fault_race)
 	ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_OK);
 	ck_assert_int_eq(pthread_create(&t, NULL, inject_thread, &a), 0);
 	for (int i = 0; i < 20000; i++) {
-		int err = cuvmm_region_unmap(r, 0, G, (CUstream)(uintptr_t)1);
+		int err;
 
+		/* a mapped granule, so that the unmap records a fence (the call the faults hit) */
+		ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_OK);
+		err = cuvmm_region_unmap(r, 0, G, (CUstream)(uintptr_t)1);
 		ck_assert_msg(err == CUVMM_OK || err == CUVMM_ENOMEM || err == CUVMM_EDRIVER, "unmap: %s",
 			      cuvmm_err_name(err));
 	}
@@ -464,8 +467,16 @@ struct stats_arg {
 	size_t limit;
 	atomic_bool stop;
 	atomic_ulong reads;
+	atomic_int failed;  /* set once by the first thread that saw a violation, which wrote `bad` */
 	char bad[256];
 };
+
+/* Record a violation once (several threads may see one). */
+static void stats_bad(struct stats_arg *a, const char *why)
+{
+	if (atomic_exchange(&a->failed, 1) == 0)
+		snprintf(a->bad, sizeof(a->bad), "%s", why);
+}
 
 static bool stats_ok(const struct cuvmm_stats *s, size_t limit, bool live_le_mapped, const char *who, char *bad)
 {
@@ -492,24 +503,27 @@ static bool stats_ok(const struct cuvmm_stats *s, size_t limit, bool live_le_map
 static void *stats_reader(void *arg)
 {
 	struct stats_arg *a = arg;
+	char why[256] = "";
 
-	while (!atomic_load(&a->stop) && !a->bad[0]) {
+	while (!atomic_load(&a->stop) && !atomic_load(&a->failed)) {
 		struct cuvmm_stats s = {.size = sizeof(s)};
 
 		cuvmm_ctx_stats(a->ctx, 0, &s);
-		if (!stats_ok(&s, a->limit, false, "device", a->bad))
+		if (!stats_ok(&s, a->limit, false, "device", why))
 			break;
 		cuvmm_region_stats(a->r, &s);
-		if (!stats_ok(&s, 0, true, "region", a->bad))
+		if (!stats_ok(&s, 0, true, "region", why))
 			break;
 		cuvmm_pool_stats(a->p, &s);
-		if (!stats_ok(&s, 0, true, "pool", a->bad))
+		if (!stats_ok(&s, 0, true, "pool", why))
 			break;
 		cuvmm_kv_stats(a->kv, &s);
-		if (!stats_ok(&s, 0, true, "kv", a->bad))
+		if (!stats_ok(&s, 0, true, "kv", why))
 			break;
 		atomic_fetch_add(&a->reads, 1);
 	}
+	if (why[0])
+		stats_bad(a, why);
 	return NULL;
 }
 
@@ -583,7 +597,7 @@ START_TEST(test_stats_snapshot)
 	ck_assert_int_eq(pthread_create(&t[3], NULL, pool_churn, &a), 0);
 	ck_assert_int_eq(pthread_create(&t[4], NULL, kv_churn, &a), 0);
 	t0 = tc_now_ms();
-	while (tc_now_ms() - t0 < 3000 && !a.bad[0])
+	while (tc_now_ms() - t0 < 3000 && !atomic_load(&a.failed))
 		tc_sleep_ms(10);
 	atomic_store(&a.stop, true);
 	for (int i = 0; i < 5; i++)
@@ -679,12 +693,13 @@ static void *stress_trim(void *arg)
 
 	while (!atomic_load(&st->a.stop) && !atomic_load(&st->failed)) {
 		struct cuvmm_stats s = {.size = sizeof(s)};
+		char why[256];
 
 		cuvmm_pool_trim(st->a.p, 0);
 		cuvmm_ctx_trim(st->a.ctx, -1, 0);
 		cuvmm_ctx_stats(st->a.ctx, 0, &s);
-		if (!stats_ok(&s, st->a.limit, false, "device", st->a.bad))
-			stress_fail(st, st->a.bad);
+		if (!stats_ok(&s, st->a.limit, false, "device", why))
+			stress_fail(st, why);
 		tc_sleep_ms(1);
 	}
 	return NULL;
@@ -726,7 +741,7 @@ START_TEST(test_stress)
 	ck_assert_int_eq(pthread_create(&t[n++], NULL, stress_trim, &st), 0);
 	ck_assert_int_eq(pthread_create(&t[n++], NULL, stats_reader, &st.a), 0);
 	t0 = tc_now_ms();
-	while (tc_now_ms() - t0 < (uint64_t)ms && !atomic_load(&st.failed) && !st.a.bad[0])
+	while (tc_now_ms() - t0 < (uint64_t)ms && !atomic_load(&st.failed) && !atomic_load(&st.a.failed))
 		tc_sleep_ms(10);
 	atomic_store(&st.a.stop, true);
 	for (int i = 0; i < n; i++)
