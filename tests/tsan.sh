@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ThreadSanitizer: build with clang -fsanitize=thread, run a chosen subset of the host suite, then the
 # multithreaded stress of test_reliability for a longer time. No suppressions: any report fails.
-#   tests/tsan.sh [BUILDDIR]       default build-tsan; $CUVMM_STRESS_MS: stress duration (default 30000)
+#   tests/tsan.sh [BUILDDIR]       default build-tsan; $CUVMM_STRESS_MS: stress duration (default 20000)
 #
 # Subset, for time (build, subset and stress take about 3 minutes on 2 cores): test_reliability (double
 # faults, the inject-fault race, the statistics snapshot under concurrency, the stress), test_region
@@ -45,7 +45,7 @@ meson test -C "$build" --print-errorlogs --timeout-multiplier 3 "${wrap[@]}" \
 	test_reliability-host test_region-host test_kv-host test_ctx-host test_errors-host test_phys-host \
 	outside-host
 
-ms=${CUVMM_STRESS_MS:-30000}
+ms=${CUVMM_STRESS_MS:-20000}
 echo "tsan: stress (test_reliability, case stress) for ${ms} ms"
 CUVMM_BACKEND=host CK_RUN_CASE=stress CUVMM_STRESS_MS=$ms CK_DEFAULT_TIMEOUT=600 \
 	"${run[@]}" "$build/tests/test_reliability"

@@ -2,12 +2,12 @@
 # Build the fuzz harness, replay the kept crash inputs (tests/fuzz/regressions), then fuzz for a fixed
 # time from the seed corpus (tests/fuzz/corpus). Fails on any finding; the input is left in
 # OUTDIR/artifacts (add it to tests/fuzz/regressions once fixed).
-#   tests/fuzz/run.sh [OUTDIR [SECONDS]]     defaults: build-fuzz, $FUZZ_SECONDS or 180
+#   tests/fuzz/run.sh [OUTDIR [SECONDS]]     defaults: build-fuzz, $FUZZ_SECONDS or 150
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-build-fuzz}
-secs=${2:-${FUZZ_SECONDS:-180}}
+secs=${2:-${FUZZ_SECONDS:-150}}
 jobs=${FUZZ_JOBS:-1}
 
 "$root/tests/fuzz/build.sh" "$out" >/dev/null
