@@ -143,7 +143,7 @@ enum cuvmm_backend {
 struct cuvmm_config {
 	size_t size;                 /**< sizeof(struct cuvmm_config), set by cuvmm_config_init() */
 	enum cuvmm_backend backend;  /**< AUTO: $CUVMM_BACKEND if set, else CUDA */
-	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never, 0 at once; default 1000 */
+	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never (as is anything past 2^64 ns), 0 at once; default 1000 */
 	size_t retain_bytes;         /**< free physical memory kept per device anyway; default 0 */
 	bool background_release;     /**< a thread gives memory back while the application is idle; default true */
 	size_t device_limit_bytes;   /**< cap on physical memory held per device by this context, never exceeded; 0 = none */

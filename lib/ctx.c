@@ -49,7 +49,11 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	if (!ctx->cfg.host_granularity)
 		ctx->cfg.host_granularity = CVM_DEFAULT_HOST_GRANULARITY;
 	resolve_backend(&ctx->cfg);
-	ctx->delay_ns = ctx->cfg.release_delay_ms < 0 ? UINT64_MAX : (uint64_t)ctx->cfg.release_delay_ms * 1000000u;
+	/* A delay too long to count in nanoseconds is "never" (2^58 ms wrapped around to 0: "at once"). */
+	if (ctx->cfg.release_delay_ms < 0 || (uint64_t)ctx->cfg.release_delay_ms > UINT64_MAX / 1000000u)
+		ctx->delay_ns = UINT64_MAX;
+	else
+		ctx->delay_ns = (uint64_t)ctx->cfg.release_delay_ms * 1000000u;
 	ctx->clients.next = ctx->clients.prev = &ctx->clients;
 	atomic_init(&ctx->next_deadline, UINT64_MAX);
 

@@ -793,6 +793,34 @@ END_TEST
 
 /* ----- size arguments at their limits ----- */
 
+/* release_delay_ms too long for nanoseconds: kept, never "released at once" (2^58 ms wrapped to 0 ns). */
+START_TEST(test_delay_limits)
+{
+	static const int64_t delays[] = {(int64_t)1 << 58, INT64_MAX, (int64_t)(UINT64_MAX / 1000000u) + 1};
+
+	for (size_t i = 0; i < sizeof(delays) / sizeof(delays[0]); i++) {
+		struct cuvmm_config cfg;
+		struct cuvmm_ctx *ctx;
+		struct cuvmm_region *r;
+
+		tc_config(&cfg);
+		cfg.release_delay_ms = delays[i];
+		cfg.background_release = false;
+		ctx = tc_ctx(&cfg);
+		ck_assert_int_eq(cuvmm_region_create(ctx, 0, G, &r), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_region_unmap(r, 0, G, NULL), CUVMM_OK);
+		tc_sleep_ms(20);
+		ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_OK); /* a call runs any pass that is due */
+		ck_assert_int_eq(cuvmm_region_unmap(r, 0, G, NULL), CUVMM_OK);
+		ck_assert_msg(tc_ctx_stats(ctx).held_bytes == G, "delay %lld ms: the free chunk was released",
+			      (long long)delays[i]);
+		cuvmm_region_destroy(r);
+		cuvmm_ctx_destroy(ctx);
+	}
+}
+END_TEST
+
 START_TEST(test_size_limits)
 {
 	struct cuvmm_ctx *ctx = ctx_quiet(0);
@@ -925,6 +953,7 @@ static Suite *reliability_suite(void)
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_unreservable_enospc);
 	tcase_add_test(tc, test_size_limits);
+	tcase_add_test(tc, test_delay_limits);
 	suite_add_tcase(s, tc);
 	return s;
 }
