@@ -10,6 +10,12 @@
  *     behind (nothing it mapped stays mapped, nothing it created stays held).
  *   - Destroy functions accept NULL.
  *   - Every function is thread-safe. Objects may be used from several threads at once.
+ *   - When the driver refuses the library's own undo (a failed call's unmap of what it mapped), the library
+ *     never hands out memory that faults and never loses track of a chunk: the chunk stays mapped where it
+ *     was, without access, quarantined (counted in held_bytes and mapped_bytes, not live_bytes; never
+ *     given to another object), its unmap is retried by later calls and the background pass, and a call
+ *     that takes that range back grants access first (or fails, changing nothing). A release the driver
+ *     refuses keeps its chunk cached and held, to be retried; device_limit_bytes still holds.
  *   - Device addresses are void * (as with cudaMalloc). Streams are CUstream (a cudaStream_t converts);
  *     NULL means "all work on the device" wherever a stream names the work to wait for.
  *   - Sizes are bytes.
@@ -174,7 +180,7 @@ struct cuvmm_config {
 	int64_t release_delay_ms;    /**< idle time before free physical memory is given back; -1 never, 0 at once, at most CUVMM_RELEASE_DELAY_MS_MAX; default 1000 */
 	size_t retain_bytes;         /**< free physical memory kept per device anyway; default 0 */
 	bool background_release;     /**< a thread gives memory back while the application is idle; default true */
-	size_t device_limit_bytes;   /**< cap on physical memory held per device by this context; 0 = none */
+	size_t device_limit_bytes;   /**< cap on physical memory held per device by this context, never exceeded; 0 = none */
 	size_t host_granularity;     /**< host backend chunk size, a power of two >= the page size; default 2 MiB */
 };
 
@@ -248,7 +254,13 @@ CUVMM_API int cuvmm_ctx_trim(struct cuvmm_ctx *ctx, int device, size_t keep_byte
  * @{
  */
 
-/** Counters. Set size to sizeof(struct cuvmm_stats) before passing it in, so the struct can grow. */
+/**
+ * Counters. Set size to sizeof(struct cuvmm_stats) before passing it in, so the struct can grow.
+ * Each *_stats call returns one consistent snapshot, even while other threads (or the background pass)
+ * map and unmap: mapped_bytes <= held_bytes <= peak_held_bytes, live_bytes <= peak_live_bytes, for a
+ * device held_bytes <= device_limit_bytes (when set), and for a region, pool or kv object
+ * live_bytes <= mapped_bytes (while it is awake), so that held - mapped never wraps around.
+ */
 struct cuvmm_stats {
 	size_t size;                 /**< sizeof(struct cuvmm_stats), set by the caller */
 	uint64_t reserved_bytes;     /**< virtual address space reserved */
@@ -344,7 +356,9 @@ CUVMM_API size_t cuvmm_region_granularity(const struct cuvmm_region *r);
 /**
  * Back [offset, offset+len) with physical memory, readable and writable from the device. Parts already
  * mapped are left as they are, with their contents; a part whose unmap is still pending is kept mapped.
- * All or nothing: on failure nothing that was not mapped before is mapped.
+ * All or nothing: on failure nothing that was not mapped before is mapped, except a chunk whose undo the
+ * driver refused: it stays mapped without access, quarantined (see the conventions at the top), and a
+ * later map of its range grants access before taking it back.
  * @param[in] r the region
  * @param[in] offset a multiple of the granularity
  * @param[in] len a non-zero multiple of the granularity, offset+len <= the region's size
@@ -443,8 +457,9 @@ CUVMM_API void cuvmm_pool_destroy(struct cuvmm_pool *pool);
  * @param[in] bytes size; 0 is invalid
  * @param[out] ptr the device address
  * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or a zero size; CUVMM_ENOMEM when the device or
- *         device_limit_bytes is full; CUVMM_ENOSPC when the pool's address space has no room; CUVMM_ESTATE
- *         when the pool sleeps; CUVMM_EDRIVER on another driver failure
+ *         device_limit_bytes is full; CUVMM_ENOSPC when the pool's address space has no room (any size
+ *         above it, SIZE_MAX included); CUVMM_ESTATE when the pool sleeps, or was put to sleep while this
+ *         call waited for the device; CUVMM_EDRIVER on another driver failure
  */
 CUVMM_API int cuvmm_malloc(struct cuvmm_pool *pool, size_t bytes, void **ptr);
 
@@ -522,7 +537,7 @@ struct cuvmm_kv_config {
 	int device;           /**< device; default 0 */
 	size_t block_bytes;   /**< bytes of one block in one tensor; any size (blocks may straddle pages) */
 	uint32_t max_blocks;  /**< block ids are 0 .. max_blocks-1 */
-	uint32_t tensors;     /**< tensors that share block ids, e.g. 2 * layers for K and V; default 1 */
+	uint32_t tensors;     /**< tensors that share block ids, e.g. 2 * layers for K and V; 1 to 65536; default 1 */
 };
 
 /**
@@ -540,8 +555,9 @@ struct cuvmm_kv;
  * @param[in] ctx the context
  * @param[in] cfg configuration; its size field must be set
  * @param[out] out the new object
- * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, a zero field or an overflowing size; CUVMM_ENODEV for
- *         a device out of range; CUVMM_ENOSPC when the address space cannot be reserved
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, a zero field, more than 65536 tensors or an
+ *         overflowing size (block_bytes x max_blocks x tensors); CUVMM_ENODEV for a device out of range;
+ *         CUVMM_ENOSPC when the address space cannot be reserved
  */
 CUVMM_API int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, struct cuvmm_kv **out);
 
@@ -632,7 +648,11 @@ enum cuvmm_sleep_mode {
 /**
  * Put a region to sleep: (OFFLOAD) copy its mapped contents to pinned host memory, then unmap them and
  * release their physical memory to the driver. Returns when the memory has been given back.
- * On failure the region is awake and intact.
+ * On failure the region is awake and intact. A double fault (an unmap refused, then the map that would
+ * undo it refused too) cannot be undone: the sleep then completes instead and returns CUVMM_OK (the
+ * contents are in the host copy), and chunks whose unmap is refused stay quarantined at their addresses
+ * (counted in held and mapped, without access) until a later pass unmaps them or the wake takes them
+ * back.
  * @param[in] r the region
  * @param[in] mode OFFLOAD or DISCARD
  * @param[in] stream the work that must complete before the contents are copied or dropped; NULL: all
@@ -647,7 +667,9 @@ CUVMM_API int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode m
  * back. Returns when the contents are in place. The pinned host buffer is kept for the next sleep
  * (pinning GiBs takes seconds where the copy takes milliseconds); cuvmm_ctx_trim(), cuvmm_pool_trim() and
  * destroy give it back. On failure the region stays asleep with its host copy
- * intact, so wake can be called again; it is never half awake.
+ * intact, so wake can be called again; it is never half awake. If the driver also refuses to unmap what
+ * the failed wake had mapped, those chunks stay at their addresses, quarantined (counted in held and
+ * mapped, never handed to another object), and the next wake takes them back.
  * @param[in] r the region
  * @param[in] stream work on it is ordered after the restore; NULL: the legacy default stream
  * @return CUVMM_OK; CUVMM_EINVAL for a NULL region; CUVMM_ESTATE if it is awake; CUVMM_ENOMEM when the

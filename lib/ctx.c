@@ -62,6 +62,7 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	if (!ctx->cfg.host_granularity)
 		ctx->cfg.host_granularity = CVM_DEFAULT_HOST_GRANULARITY;
 	resolve_backend(&ctx->cfg);
+	/* cvm_config_check refused delays above CUVMM_RELEASE_DELAY_MS_MAX, which count in nanoseconds. */
 	ctx->delay_ns = ctx->cfg.release_delay_ms < 0 ? UINT64_MAX : (uint64_t)ctx->cfg.release_delay_ms * 1000000u;
 	ctx->clients.next = ctx->clients.prev = &ctx->clients;
 	atomic_init(&ctx->next_deadline, UINT64_MAX);
@@ -416,7 +417,7 @@ int cuvmm_ctx_inject_fault(struct cuvmm_ctx *ctx, enum cuvmm_call call, uint64_t
 		return CUVMM_EINVAL;
 	f = &ctx->drv.fault[call];
 	atomic_store(&f->count, 0);
-	f->err = err;
+	atomic_store(&f->err, err);
 	atomic_store(&f->skip, skip);
 	atomic_store(&f->count, count);
 	return CUVMM_OK;

@@ -104,7 +104,8 @@ static int injected(struct cvm_drv *d, enum cuvmm_call call)
 	count = atomic_load(&f->count);
 	while (count > 0) {
 		if (count == UINT32_MAX || atomic_compare_exchange_weak(&f->count, &count, count - 1)) {
-			int cu = f->err == CUVMM_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
+			int err = atomic_load_explicit(&f->err, memory_order_relaxed);
+			int cu = err == CUVMM_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
 
 			cvm_debug("%s: injected failure (CUresult %d)", call_names[call], cu);
 			return cu;
@@ -119,7 +120,7 @@ int cvm_drv_open(struct cvm_drv *d, const struct cuvmm_config *cfg)
 	for (int i = 0; i < CUVMM_CALL_COUNT_; i++) {
 		atomic_init(&d->fault[i].skip, 0);
 		atomic_init(&d->fault[i].count, 0);
-		d->fault[i].err = 0;
+		atomic_init(&d->fault[i].err, 0);
 		atomic_init(&d->calls[i], 0);
 	}
 	d->be = cfg->backend == CUVMM_BACKEND_HOST ? &cvm_backend_host : &cvm_backend_cuda;

@@ -92,7 +92,7 @@ extern const struct cvm_backend cvm_backend_host;
 struct cvm_fault {
 	_Atomic uint64_t skip;    /* calls still to let through */
 	_Atomic uint32_t count;   /* calls still to fail after that; UINT32_MAX: forever */
-	int err;                  /* CUVMM_ENOMEM or CUVMM_EDRIVER */
+	_Atomic int err;          /* CUVMM_ENOMEM or CUVMM_EDRIVER; atomic: set while other threads call */
 };
 
 /* Per-device counters the wrappers feed (a part of struct cuvmm_stats; the rest is kept by phys). */

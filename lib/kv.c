@@ -118,10 +118,12 @@ static void unmap_page_undo(struct cuvmm_kv *kv, uint32_t p, uint32_t n)
 		struct cvm_chunk *c;
 
 		pthread_mutex_lock(&r->lock);
-		if (cvm_region_chunk_unmap_locked(r, p, &c) == CUVMM_OK) {
-			cvm_acct_live(&r->acct, -(int64_t)r->gran);
+		c = r->slot[p].chunk;
+		cvm_acct_live(&r->acct, -(int64_t)r->gran);
+		if (cvm_region_chunk_unmap_locked(r, p, &c) == CUVMM_OK)
 			cvm_phys_undo(&r->dev->phys, c);
-		}
+		else
+			cvm_region_quarantine_locked(r, p, c); /* a later map of the page takes it back */
 		pthread_mutex_unlock(&r->lock);
 	}
 }
@@ -305,10 +307,13 @@ int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, st
 	uint32_t t = 0;
 	int err;
 
+	/* Tensors are bounded before their table is allocated: 2^32 of them asked for a terabyte of it. */
 	if (!ctx || !cfg || !out || cfg->size < sizeof(*cfg) || !cfg->block_bytes || !cfg->max_blocks ||
-	    !cfg->tensors || cfg->block_bytes > SIZE_MAX / cfg->max_blocks)
+	    !cfg->tensors || cfg->tensors > CVM_KV_MAX_TENSORS || cfg->block_bytes > SIZE_MAX / cfg->max_blocks)
 		return CUVMM_EINVAL;
 	total = cfg->block_bytes * cfg->max_blocks;
+	if (total > SIZE_MAX / cfg->tensors)
+		return CUVMM_EINVAL; /* the address space of all tensors together overflows */
 	kv = calloc(1, sizeof(*kv));
 	if (!kv)
 		return CUVMM_ENOMEM;
@@ -793,10 +798,11 @@ int cuvmm_kv_stats(struct cuvmm_kv *kv, struct cuvmm_stats *out)
 		return CUVMM_EINVAL;
 	memset(&s, 0, sizeof(s));
 	s.size = out->size;
+	cvm_acct_lock(&kv->acct); /* the device's: one snapshot of every tensor */
 	for (uint32_t t = 0; t < kv->tensors; t++) {
 		struct cuvmm_stats r = {.size = sizeof(r)};
 
-		cvm_acct_fill(&kv->t[t].acct, &kv->t[t].cnt, &r);
+		cvm_acct_fill_locked(&kv->t[t].acct, &kv->t[t].cnt, &r);
 		s.reserved_bytes += r.reserved_bytes;
 		s.held_bytes += r.held_bytes;
 		s.mapped_bytes += r.mapped_bytes;
@@ -809,6 +815,7 @@ int cuvmm_kv_stats(struct cuvmm_kv *kv, struct cuvmm_stats *out)
 	}
 	s.live_bytes = atomic_load(&kv->acct.live);
 	s.peak_live_bytes = atomic_load(&kv->acct.peak_live);
+	cvm_acct_unlock(&kv->acct);
 	*out = s;
 	return CUVMM_OK;
 }

@@ -17,6 +17,8 @@
 
 #include "region.h"
 
+#define CVM_KV_MAX_TENSORS 65536 /* cuvmm_kv_config.tensors at most (documented in cuvmm.h) */
+
 struct cvm_kv_fence; /* an event shared by the pages one cuvmm_kv_free call emptied */
 
 struct cvm_kv_page {

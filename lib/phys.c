@@ -7,49 +7,64 @@
 #include "ctx.h"
 #include "log.h"
 
-static void peak_max(_Atomic uint64_t *peak, uint64_t v)
+static pthread_mutex_t *acct_lock(struct cvm_acct *a)
 {
-	uint64_t cur = atomic_load_explicit(peak, memory_order_relaxed);
-
-	while (v > cur && !atomic_compare_exchange_weak(peak, &cur, v))
-		;
+	while (a->parent)
+		a = a->parent;
+	return &a->lock;
 }
 
+void cvm_acct_lock(struct cvm_acct *a)
+{
+	pthread_mutex_lock(acct_lock(a));
+}
+
+void cvm_acct_unlock(struct cvm_acct *a)
+{
+	pthread_mutex_unlock(acct_lock(a));
+}
+
+/* Called with the account lock held: plain read-modify-write, the peak in the same step. */
 static void acct_add(_Atomic uint64_t *f, _Atomic uint64_t *peak, int64_t delta)
 {
-	uint64_t v = atomic_fetch_add_explicit(f, (uint64_t)delta, memory_order_relaxed) + (uint64_t)delta;
+	uint64_t v = atomic_load_explicit(f, memory_order_relaxed) + (uint64_t)delta;
 
-	if (peak && delta > 0)
-		peak_max(peak, v);
+	atomic_store_explicit(f, v, memory_order_relaxed);
+	if (peak && v > atomic_load_explicit(peak, memory_order_relaxed))
+		atomic_store_explicit(peak, v, memory_order_relaxed);
 }
 
 void cvm_acct_reserved(struct cvm_acct *a, int64_t delta)
 {
-	for (; a; a = a->parent)
-		acct_add(&a->reserved, NULL, delta);
+	cvm_acct_lock(a);
+	for (struct cvm_acct *x = a; x; x = x->parent)
+		acct_add(&x->reserved, NULL, delta);
+	cvm_acct_unlock(a);
 }
 
 void cvm_acct_held(struct cvm_acct *a, int64_t delta)
 {
-	for (; a; a = a->parent)
-		acct_add(&a->held, &a->peak_held, delta);
+	cvm_acct_lock(a);
+	for (struct cvm_acct *x = a; x; x = x->parent)
+		acct_add(&x->held, &x->peak_held, delta);
+	cvm_acct_unlock(a);
 }
 
-void cvm_acct_held_local(struct cvm_acct *a, int64_t delta)
+void cvm_acct_map(struct cvm_acct *a, int64_t delta)
 {
+	cvm_acct_lock(a);
 	acct_add(&a->held, &a->peak_held, delta);
-}
-
-void cvm_acct_mapped(struct cvm_acct *a, int64_t delta)
-{
-	for (; a; a = a->parent)
-		acct_add(&a->mapped, NULL, delta);
+	for (struct cvm_acct *x = a; x; x = x->parent)
+		acct_add(&x->mapped, NULL, delta);
+	cvm_acct_unlock(a);
 }
 
 void cvm_acct_live(struct cvm_acct *a, int64_t delta)
 {
-	for (; a; a = a->live_private ? NULL : a->parent)
-		acct_add(&a->live, &a->peak_live, delta);
+	cvm_acct_lock(a);
+	for (struct cvm_acct *x = a; x; x = x->live_private ? NULL : x->parent)
+		acct_add(&x->live, &x->peak_live, delta);
+	cvm_acct_unlock(a);
 }
 
 int cvm_stats_check(const struct cuvmm_stats *out)
@@ -57,7 +72,7 @@ int cvm_stats_check(const struct cuvmm_stats *out)
 	return out && out->size >= sizeof(struct cuvmm_stats) ? CUVMM_OK : CUVMM_EINVAL;
 }
 
-void cvm_acct_fill(const struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out)
+void cvm_acct_fill_locked(struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out)
 {
 	size_t size = out->size;
 
@@ -74,6 +89,13 @@ void cvm_acct_fill(const struct cvm_acct *a, const struct cvm_drv_counters *c, s
 	out->map_calls = atomic_load(&c->map_calls);
 	out->unmap_calls = atomic_load(&c->unmap_calls);
 	out->driver_ns = atomic_load(&c->driver_ns);
+}
+
+void cvm_acct_fill(struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out)
+{
+	cvm_acct_lock(a);
+	cvm_acct_fill_locked(a, c, out);
+	cvm_acct_unlock(a);
 }
 
 /* Circular doubly-linked lists with a sentinel; two link sets per chunk. */
@@ -118,6 +140,10 @@ int cvm_phys_init(struct cvm_phys *p, struct cvm_dev *dev)
 	memset(p, 0, sizeof(*p));
 	if (pthread_mutex_init(&p->lock, NULL))
 		return CUVMM_ENOMEM;
+	if (pthread_mutex_init(&dev->acct.lock, NULL)) {
+		pthread_mutex_destroy(&p->lock);
+		return CUVMM_ENOMEM;
+	}
 	p->dev = dev;
 	p->limit = limit && limit < dev->info.total_bytes ? limit : dev->info.total_bytes;
 	if (!limit && !p->limit)
@@ -129,9 +155,12 @@ int cvm_phys_init(struct cvm_phys *p, struct cvm_dev *dev)
 }
 
 /* Release a chunk to the driver; the caller has taken it out of the cache and holds no lock. */
-static void chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
+/* Release a chunk to the driver; the caller has taken it out of the cache and holds no lock. Returns
+ * the bytes given back: 0 when the driver refused (the chunk is then cached again, still held). */
+static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
 {
 	struct cvm_dev *dev = p->dev;
+	size_t size = c->size;
 	int err = cvm_drv_release(CVM_DRV(dev), &dev->cnt, dev->index, c->h);
 
 	if (err) {
@@ -142,13 +171,16 @@ static void chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
 		pthread_mutex_lock(&p->lock);
 		cache_insert(p, c);
 		pthread_mutex_unlock(&p->lock);
-		return;
+		return 0;
 	}
+	/* The account first, the claim second: a creator that sees the room can count its chunk only after
+	 * this one left the statistics, so held never reads above the limit. */
+	cvm_acct_held(&dev->acct, -(int64_t)size);
 	pthread_mutex_lock(&p->lock);
-	p->held -= c->size;
+	p->held -= size;
 	pthread_mutex_unlock(&p->lock);
-	cvm_acct_held(&dev->acct, -(int64_t)c->size);
 	free(c);
+	return size;
 }
 
 /* Take chunks out of the cache, oldest first, until `bytes` are out or `pred` refuses; returns a chain
@@ -171,14 +203,17 @@ static struct cvm_chunk *take_oldest(struct cvm_phys *p, size_t bytes, int skip_
 	return chain;
 }
 
-static void release_chain(struct cvm_phys *p, struct cvm_chunk *chain)
+static size_t release_chain(struct cvm_phys *p, struct cvm_chunk *chain)
 {
+	size_t freed = 0;
+
 	while (chain) {
 		struct cvm_chunk *next = chain->anext;
 
-		chunk_release(p, chain);
+		freed += chunk_release(p, chain);
 		chain = next;
 	}
+	return freed;
 }
 
 int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt, struct cvm_chunk **out)
@@ -191,6 +226,7 @@ int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt,
 	if (cls >= CVM_NCLASS)
 		return CUVMM_EINVAL;
 	pthread_mutex_lock(&p->lock);
+again:
 	c = p->cls[cls].cnext;
 	if (c != &p->cls[cls]) {
 		cache_remove(p, c);
@@ -200,7 +236,9 @@ int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt,
 		*out = c;
 		return CUVMM_OK;
 	}
-	/* A miss: make room under the limit, and trade cached chunks of other sizes for the new one. */
+	/* A miss: make room under the limit first. The room is claimed only once the releases that make it
+	 * have succeeded: a release the driver refuses keeps its chunk held (cached again), and then there
+	 * is no room. Each round releases something or gives up, so this ends. */
 	if (p->held + size > p->limit) {
 		size_t need = p->held + size - p->limit;
 
@@ -209,9 +247,16 @@ int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt,
 			return CUVMM_ENOMEM;
 		}
 		evict = take_oldest(p, need, -1);
-	} else if (p->cached) {
-		evict = take_oldest(p, size, (int)cls);
+		pthread_mutex_unlock(&p->lock);
+		if (!release_chain(p, evict))
+			return CUVMM_ENOMEM;
+		pthread_mutex_lock(&p->lock);
+		goto again;
 	}
+	/* Trade cached chunks of other sizes for the new one. */
+	evict = NULL;
+	if (p->cached)
+		evict = take_oldest(p, size, (int)cls);
 	p->held += size; /* claimed now so that racing creators respect the limit */
 	pthread_mutex_unlock(&p->lock);
 	release_chain(p, evict);
@@ -250,7 +295,7 @@ fail:
 
 void cvm_phys_release(struct cvm_phys *p, struct cvm_chunk *c)
 {
-	chunk_release(p, c);
+	(void)chunk_release(p, c);
 }
 
 void cvm_phys_undo(struct cvm_phys *p, struct cvm_chunk *c)
@@ -340,4 +385,5 @@ void cvm_phys_fini(struct cvm_phys *p)
 		cvm_warn("device %d: %zu bytes of chunks still in use at context destruction", p->dev->index,
 			 p->held);
 	pthread_mutex_destroy(&p->lock);
+	pthread_mutex_destroy(&p->dev->acct.lock);
 }

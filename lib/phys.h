@@ -34,22 +34,33 @@ struct cvm_chunk {
 	struct cvm_chunk *anext, *aprev; /* cache list of all classes, oldest first, for release */
 };
 
-/* Bytes accounted to the device or to one object; updated with atomics, read without locks. */
+/*
+ * Bytes accounted to the device or to one object. Every change, to an account and its parents at once,
+ * and every read for statistics happen under the device's account lock (the root's `lock`), so that a
+ * reader sees a snapshot: mapped <= held, held <= peak_held, and the device's held <= its limit, never a
+ * half-done update. The fields are atomics only so that a lone field may still be read without it.
+ */
 struct cvm_acct {
 	_Atomic uint64_t reserved, held, mapped, live, peak_held, peak_live;
 	struct cvm_acct *parent; /* the device's, for an object's */
 	bool live_private;       /* live stays here: an allocator on this region counts live itself */
+	pthread_mutex_t lock;    /* the device's account only (parent NULL); a leaf, taken last */
 };
 
 /* Add to one field of an account and its parent; peaks follow held and live. */
 void cvm_acct_reserved(struct cvm_acct *a, int64_t delta);
 void cvm_acct_held(struct cvm_acct *a, int64_t delta);
-/* held of one object only: the device's held is the physical layer's to count. */
-void cvm_acct_held_local(struct cvm_acct *a, int64_t delta);
-void cvm_acct_mapped(struct cvm_acct *a, int64_t delta);
+/* mapped and held of one object together (held of the object only: the device's held is the physical
+ * layer's to count, and it counts a chunk before it is mapped and after it is unmapped). */
+void cvm_acct_map(struct cvm_acct *a, int64_t delta);
 void cvm_acct_live(struct cvm_acct *a, int64_t delta);
-/* Fill the byte fields of a cuvmm_stats from an account and the call fields from counters. */
-void cvm_acct_fill(const struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out);
+/* The device's account lock, for reading several accounts as one snapshot (kv, pool statistics). */
+void cvm_acct_lock(struct cvm_acct *a);
+void cvm_acct_unlock(struct cvm_acct *a);
+/* Fill the byte fields of a cuvmm_stats from an account and the call fields from counters; _locked with
+ * cvm_acct_lock held. */
+void cvm_acct_fill(struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out);
+void cvm_acct_fill_locked(struct cvm_acct *a, const struct cvm_drv_counters *c, struct cuvmm_stats *out);
 /* Check the caller's stats struct. */
 int cvm_stats_check(const struct cuvmm_stats *out);
 
@@ -71,7 +82,8 @@ void cvm_phys_fini(struct cvm_phys *p);
 
 /*
  * A chunk of granularity << cls: from the cache if one is there, else created. Creating beyond the limit
- * first releases cached chunks (oldest first) to make room; CUVMM_ENOMEM if that is not enough. A new
+ * first releases cached chunks (oldest first) to make room; CUVMM_ENOMEM if that is not enough, or if the
+ * driver refuses those releases (the limit is never exceeded). A new
  * chunk also displaces up to its own size of cached chunks of other classes, so that switching sizes
  * does not pile up held memory. `cnt` are the calling object's driver counters.
  */

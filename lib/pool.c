@@ -532,14 +532,17 @@ static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 }
 
 /* Unmap every safe FREE run (sync first, without the lock, if some are fenced by the device epoch) and
- * release the device's cached chunks: the answer to running out of memory. */
-static void drop_slack(struct cuvmm_pool *p)
+ * release the device's cached chunks: the answer to running out of memory. CUVMM_ESTATE (nothing done)
+ * when the pool was put to sleep while the lock was dropped: the allocation must not map into it. */
+static int drop_slack(struct cuvmm_pool *p)
 {
 	struct cvm_run *run, *next;
 
 	pthread_mutex_unlock(&p->r.lock);
 	cvm_dev_sync_epoch(p->r.dev);
 	pthread_mutex_lock(&p->r.lock);
+	if (p->r.sleep)
+		return CUVMM_ESTATE;
 	settle_pending(p, INT32_MAX);
 	for (run = p->age.lnext; run != &p->age; run = next) {
 		next = run->lnext;
@@ -548,6 +551,7 @@ static void drop_slack(struct cuvmm_pool *p)
 	}
 	cvm_region_process_locked(&p->r, cvm_now_ns(), false);
 	cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, 0);
+	return CUVMM_OK;
 }
 
 /* Unmap the oldest FREE runs that are safe to unmap (no device sync here) while the slack exceeds its
@@ -688,8 +692,8 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, s
 		if (!err)
 			goto found;
 		/* Out of memory for the few granules it lacked: all k elsewhere would not fit either. */
-		if (err == CUVMM_ENOMEM)
-			drop_slack(p);
+		if (err == CUVMM_ENOMEM && drop_slack(p))
+			return CUVMM_ESTATE;
 	}
 	/* Slack beyond its cap is unmapped by the reclaim pass, without the pool's lock, while the allocating
 	 * thread only maps. When the pass falls behind (the cap and 64 MiB more), the allocating thread
@@ -702,12 +706,15 @@ static int get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, s
 		pthread_mutex_unlock(&p->r.lock);
 		cvm_dev_sync_epoch(p->r.dev);
 		pthread_mutex_lock(&p->r.lock);
+		if (p->r.sleep)
+			return CUVMM_ESTATE; /* put to sleep meanwhile */
 		steal_slack(p, slack_cap_after(p, gbytes(p, k)));
 	}
 	err = map_fresh(p, k, out);
 	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
-		drop_slack(p);
-		err = map_fresh(p, k, out);
+		err = drop_slack(p);
+		if (!err)
+			err = map_fresh(p, k, out);
 	}
 	if (err)
 		return err;
@@ -1301,8 +1308,7 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 			r->slot[v[i].g + j].chunk = NULL;
 			r->slot[v[i].g + j].state = CVM_SLOT_UNMAPPED;
 		}
-		cvm_acct_mapped(&r->acct, -(int64_t)v[i].c->size);
-		cvm_acct_held_local(&r->acct, -(int64_t)v[i].c->size);
+		cvm_acct_map(&r->acct, -(int64_t)v[i].c->size);
 		v[i].c->freed_ns = v[i].since;
 		cvm_phys_put(&r->dev->phys, v[i].c);
 	}
@@ -1495,9 +1501,11 @@ int cuvmm_pool_stats(struct cuvmm_pool *p, struct cuvmm_stats *out)
 {
 	if (!p || cvm_stats_check(out))
 		return CUVMM_EINVAL;
-	cvm_acct_fill(&p->r.acct, &p->r.cnt, out);
+	cvm_acct_lock(&p->r.acct); /* one snapshot of both accounts */
+	cvm_acct_fill_locked(&p->r.acct, &p->r.cnt, out);
 	out->live_bytes = atomic_load(&p->pacct.live);
 	out->peak_live_bytes = atomic_load(&p->pacct.peak_live);
+	cvm_acct_unlock(&p->r.acct);
 	return CUVMM_OK;
 }
 
@@ -1535,7 +1543,8 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		goto out;
 	}
 	err = cvm_region_sleep_locked(&p->r, mode, stream);
-	if (!err) {
+	/* (not with chunks quarantined by a refused unmap: the wake takes them back as recorded) */
+	if (!err && !p->r.npending) {
 		/* A pool that sleeps holds weights, or something as long-lived: the wake maps each allocation of
 		 * 32 granules or more with handles of about k/16 granules (a power of two, up to 128 MiB), 16 to
 		 * 32 per allocation instead of k, for the wake and every later sleep. Run boundaries stay chunk

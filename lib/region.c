@@ -92,7 +92,41 @@ static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uin
 		r->slot[g + i].chunk = c;
 		r->slot[g + i].state = state;
 		r->slot[g + i].pend = 0;
+		r->slot[g + i].noacc = 0;
 	}
+}
+
+void cvm_region_quarantine_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c)
+{
+	size_t span = cvm_span(r, c);
+
+	cvm_err("%zu bytes at %p could not be unmapped; kept mapped without access, to be retried", c->size,
+		slot_va(r, g));
+	for (size_t i = 0; i < span; i++) {
+		r->slot[g + i].chunk = c;
+		r->slot[g + i].state = CVM_SLOT_DONE;
+		r->slot[g + i].pend = 0;
+		r->slot[g + i].noacc = 1;
+	}
+	r->npending += span;
+}
+
+int cvm_region_grant_locked(struct cuvmm_region *r, size_t g)
+{
+	struct cvm_chunk *c = r->slot[g].chunk;
+	size_t span, first;
+	int err;
+
+	if (!c || !r->slot[g].noacc)
+		return CUVMM_OK;
+	span = cvm_span(r, c);
+	first = g & ~(span - 1); /* chunks sit on their own alignment */
+	err = cvm_drv_set_access(CVM_DRV(r->dev), &r->cnt, r->dev->index, (uintptr_t)slot_va(r, first), c->size);
+	if (err)
+		return err;
+	for (size_t i = 0; i < span; i++)
+		r->slot[first + i].noacc = 0;
+	return CUVMM_OK;
 }
 
 int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk **keep)
@@ -108,9 +142,9 @@ int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 	for (size_t i = 0; i < cvm_span(r, c); i++) {
 		r->slot[g + i].chunk = NULL;
 		r->slot[g + i].state = CVM_SLOT_UNMAPPED;
+		r->slot[g + i].noacc = 0;
 	}
-	cvm_acct_mapped(&r->acct, -(int64_t)c->size);
-	cvm_acct_held_local(&r->acct, -(int64_t)c->size);
+	cvm_acct_map(&r->acct, -(int64_t)c->size);
 	if (keep)
 		*keep = c;
 	else
@@ -124,16 +158,22 @@ int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chu
 	uintptr_t va = (uintptr_t)slot_va(r, g);
 	int err = cvm_drv_map(d, &r->cnt, r->dev->index, va, c->size, c->h);
 
-	if (err)
-		return err;
-	err = cvm_drv_set_access(d, &r->cnt, r->dev->index, va, c->size);
 	if (err) {
-		if (cvm_drv_unmap(d, &r->cnt, r->dev->index, va, c->size))
-			cvm_err("unmapping %zu bytes at %p after a failed set-access failed too", c->size, (void *)va);
+		cvm_phys_undo(&r->dev->phys, c);
 		return err;
 	}
-	cvm_acct_mapped(&r->acct, (int64_t)c->size);
-	cvm_acct_held_local(&r->acct, (int64_t)c->size);
+	err = cvm_drv_set_access(d, &r->cnt, r->dev->index, va, c->size);
+	if (err) {
+		if (cvm_drv_unmap(d, &r->cnt, r->dev->index, va, c->size)) {
+			/* Still mapped: it must not reach the cache (another object would map it twice). */
+			cvm_acct_map(&r->acct, (int64_t)c->size);
+			cvm_region_quarantine_locked(r, g, c);
+		} else {
+			cvm_phys_undo(&r->dev->phys, c);
+		}
+		return err;
+	}
+	cvm_acct_map(&r->acct, (int64_t)c->size);
 	slots_set(r, g, c, state);
 	return CUVMM_OK;
 }
@@ -161,10 +201,9 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 			/* What this call created goes back to the driver; what it took from the cache, back there. */
 			cvm_phys_undo(&r->dev->phys, c);
 		} else {
-			/* Stuck mapped: account it as pending so a later pass retries. */
-			for (size_t i = 0; i < span; i++)
-				r->slot[g + i].state = CVM_SLOT_DONE;
-			r->npending += span;
+			/* Stuck mapped, perhaps without access: quarantined, so a later pass retries the unmap and
+			 * a map that takes it back grants access first. */
+			cvm_region_quarantine_locked(r, g, c);
 		}
 		g += span;
 	}
@@ -176,6 +215,14 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 	size_t end = first + n, g = first, newly = 0, back = 0;
 	int err = CUVMM_OK;
 
+	/* Granules to take back that a failed map left without access: grant it first, so that nothing
+	 * handed out faults; a refusal fails the call before anything changed. */
+	for (g = first; g < end; g++) {
+		err = cvm_region_grant_locked(r, g);
+		if (err)
+			return err;
+	}
+	g = first;
 	while (g < end) {
 		size_t run, j;
 
@@ -197,8 +244,7 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 				cvm_phys_undo(&r->dev->phys, c);
 				goto undo;
 			}
-			cvm_acct_mapped(&r->acct, (int64_t)c->size);
-			cvm_acct_held_local(&r->acct, (int64_t)c->size);
+			cvm_acct_map(&r->acct, (int64_t)c->size);
 			slots_set(r, j, c, CVM_SLOT_NEW);
 			j += (size_t)1 << cls;
 		}
@@ -404,26 +450,22 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 	r->client.ops = &region_ops;
 	r->client.dev = dev;
 	r->spare_cap = 64;
+	/* Reserve before allocating the per-granule table: a range that cannot be reserved is ENOSPC, and its
+	 * table (16 bytes per granule: 128 GiB for 2^63 bytes) must not be tried, let alone fail first. */
+	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
+	if (err)
+		return err == CUVMM_ENOMEM || err == CUVMM_EINVAL ? CUVMM_ENOSPC : err;
 	r->slot = calloc(r->npages, sizeof(*r->slot));
 	r->spare_ev = calloc(r->spare_cap, sizeof(*r->spare_ev));
-	if (!r->slot || !r->spare_ev) {
+	if (!r->slot || !r->spare_ev || pthread_mutex_init(&r->lock, NULL)) {
 		err = CUVMM_ENOMEM;
-		goto fail;
-	}
-	if (pthread_mutex_init(&r->lock, NULL)) {
-		err = CUVMM_ENOMEM;
-		goto fail;
-	}
-	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
-	if (err) {
-		if (err == CUVMM_ENOMEM || err == CUVMM_EINVAL)
-			err = CUVMM_ENOSPC;
-		pthread_mutex_destroy(&r->lock);
 		goto fail;
 	}
 	cvm_acct_reserved(&r->acct, (int64_t)size);
 	return CUVMM_OK;
 fail:
+	if (cvm_drv_unreserve(CVM_DRV(dev), device, r->base, size))
+		cvm_err("freeing %zu bytes of address space at %p failed", size, (void *)r->base);
 	free(r->slot);
 	free(r->spare_ev);
 	return err;

@@ -26,6 +26,10 @@ struct cvm_slot {
 	struct cvm_chunk *chunk;
 	uint32_t pend;     /* id of the fence a PENDING granule waits for */
 	uint8_t state;
+	/* DONE, mapped with no access granted: the undo of a failed map or wake could not unmap it (the
+	 * driver refused). Quarantined: a later pass retries the unmap, and a map that takes it back grants
+	 * access first, so memory that faults is never handed out. */
+	uint8_t noacc;
 };
 
 struct cvm_fence {
@@ -121,8 +125,16 @@ void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, str
  * retakes the lock around the waits). Returns when to look again (ns) or UINT64_MAX. */
 uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wait);
 /* Map chunk c whole at granule g (which must be UNMAPPED over the chunk's span) with access, slots set to
- * `state`; all or nothing. Accounts mapped and held, not live. */
+ * `state`; all or nothing. Accounts mapped and held, not live. On failure c is given back (cvm_phys_undo)
+ * or, when the driver mapped it, refused access and then refused to unmap it, kept in the region
+ * quarantined (DONE, noacc: see struct cvm_slot), never in the cache while still mapped. */
 int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state);
+/* Quarantine chunk c, mapped at granule g (its slots set or not), which could not be unmapped: DONE,
+ * noacc, counted pending, so that a later pass retries the unmap. Its bytes stay accounted mapped. */
+void cvm_region_quarantine_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c);
+/* Grant access to the quarantined (noacc) chunk covering granule g, if it is; before it is taken back.
+ * On failure nothing changes. */
+int cvm_region_grant_locked(struct cuvmm_region *r, size_t g);
 /* Unmap the chunk whose first granule is g; hand it to *keep if given, else back to the device's cache.
  * On failure nothing changes. Accounts mapped and held, not live. */
 int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk **keep);

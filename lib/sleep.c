@@ -4,7 +4,9 @@
  *
  * Sleep records every mapped chunk (first granule, size class), copies their contents to one pinned host
  * buffer (OFFLOAD), unmaps them all and only then releases them, so that a failure anywhere before the
- * release can put the very same chunks back and leave the region awake and intact. Wake maps chunks of
+ * release can put the very same chunks back and leave the region awake and intact. Only if the driver
+ * refuses that too (an unmap refused, then a map back) does the sleep go forward instead: the contents are
+ * in the host copy, and chunks it cannot unmap stay quarantined (see struct cvm_slot) for the wake. Wake maps chunks of
  * the same classes at the same granules, copies the contents back and frees the host copy only once the
  * copy has completed; a failure unmaps what it mapped and leaves the region asleep with its host copy.
  * Copies are issued in pieces of CVM_COPY_PIECE bytes, back to back on one stream, so the copy engine
@@ -70,16 +72,22 @@ static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, CUstream stream
 	return cvm_drv_stream_sync(d, r->dev->index, stream);
 }
 
-/* Put back chunks [0, n) of `kept` at their granules (undo of a partial unmap). */
-static void remap_kept(struct cuvmm_region *r, struct cvm_sleep *s, struct cvm_chunk **kept, size_t n)
+/* Map chunks [0, n) of `kept` back at their granules (undo of a partial unmap). Returns true if all went
+ * back; each one that did, or that the driver refused (then given back or quarantined by the map), leaves
+ * `kept`. */
+static bool remap_kept(struct cuvmm_region *r, struct cvm_sleep *s, struct cvm_chunk **kept, size_t n)
 {
+	bool all = true;
+
 	for (size_t i = 0; i < n; i++) {
 		if (cvm_region_chunk_map_locked(r, s->chunks[i].g, kept[i], CVM_SLOT_MAPPED)) {
-			cvm_err("sleep: could not map %zu bytes back at granule %zu after a failed unmap; they are lost",
-				kept[i]->size, s->chunks[i].g);
-			cvm_phys_release(&r->dev->phys, kept[i]);
+			cvm_err("sleep: could not map granule %zu back after a failed unmap; sleeping instead",
+				s->chunks[i].g);
+			all = false;
 		}
+		kept[i] = NULL;
 	}
+	return all;
 }
 
 int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream)
@@ -147,15 +155,31 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 			goto fail;
 	}
 	for (size_t i = 0; i < s->nchunks; i++) {
-		err = cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]);
-		if (err) {
-			remap_kept(r, s, kept, i);
+		if (!cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]))
+			continue;
+		/* Refused: map back what was unmapped, and the region is awake and intact. */
+		if (remap_kept(r, s, kept, i)) {
+			err = CUVMM_EDRIVER;
 			goto fail;
 		}
+		/* A map back was refused too: those contents are in the host copy alone (or were to be dropped),
+		 * so the sleep goes forward instead. Chunks whose unmap is refused stay quarantined at their
+		 * granules, counted held, until a pass unmaps them or the wake takes them back. */
+		for (size_t k = 0; k < s->nchunks; k++) {
+			size_t g = s->chunks[k].g;
+
+			if (kept[k] || r->slot[g].state != CVM_SLOT_MAPPED)
+				continue; /* unmapped, in hand or given back */
+			if (cvm_region_chunk_unmap_locked(r, g, &kept[k]))
+				cvm_region_quarantine_locked(r, g, r->slot[g].chunk);
+		}
+		break;
 	}
 	/* Past the point of no return: the physical memory goes back to the driver, not to the cache. */
 	size_t slept = 0;
 	for (size_t i = 0; i < s->nchunks; i++) {
+		if (!kept[i])
+			continue;
 		slept += kept[i]->size;
 		cvm_phys_release(&r->dev->phys, kept[i]);
 	}
@@ -190,17 +214,34 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 	err = cvm_drv_refuse_captured(d, r->dev->index, stream);
 	if (err)
 		return err;
+	/* Chunks an earlier wake could not unmap stay quarantined at their granules: unmap them now if the
+	 * driver lets us, else take them back below. */
+	if (r->npending)
+		cvm_region_process_locked(r, cvm_now_ns(), false);
 	for (i = 0; i < s->nchunks; i++) {
-		struct cvm_chunk *c;
+		size_t g = s->chunks[i].g;
+		struct cvm_chunk *c = r->slot[g].chunk;
 		bool last, adjacent;
 
-		err = cvm_phys_get(&r->dev->phys, s->chunks[i].cls, &r->cnt, &c);
-		if (err)
-			goto undo;
-		err = cvm_region_chunk_map_locked(r, s->chunks[i].g, c, CVM_SLOT_MAPPED);
-		if (err) {
-			cvm_phys_undo(&r->dev->phys, c);
-			goto undo;
+		if (c) {
+			/* Quarantined by an earlier wake: the very chunk this record asks for, still mapped. */
+			if (c->cls != s->chunks[i].cls || r->slot[g].state != CVM_SLOT_DONE) {
+				err = CUVMM_EDRIVER;
+				goto undo;
+			}
+			err = cvm_region_grant_locked(r, g);
+			if (err)
+				goto undo;
+			for (size_t j = 0; j < cvm_span(r, c); j++)
+				r->slot[g + j].state = CVM_SLOT_MAPPED;
+			r->npending -= cvm_span(r, c);
+		} else {
+			err = cvm_phys_get(&r->dev->phys, s->chunks[i].cls, &r->cnt, &c);
+			if (err)
+				goto undo;
+			err = cvm_region_chunk_map_locked(r, g, c, CVM_SLOT_MAPPED);
+			if (err)
+				goto undo; /* c is given back or quarantined */
 		}
 		if (!copy)
 			continue;
@@ -237,10 +278,11 @@ undo:
 	if (copy)
 		cvm_drv_stream_sync(d, r->dev->index, stream);
 	while (i-- > 0) {
-		struct cvm_chunk *c;
+		struct cvm_chunk *c = r->slot[s->chunks[i].g].chunk;
 
 		if (cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &c)) {
-			cvm_err("wake: unmapping after a failure failed; granule %zu stays mapped", s->chunks[i].g);
+			/* Kept at its granule, out of the cache: the next wake takes it back (or a pass unmaps it). */
+			cvm_region_quarantine_locked(r, s->chunks[i].g, c);
 			continue;
 		}
 		cvm_phys_undo(&r->dev->phys, c);

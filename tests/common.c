@@ -162,7 +162,6 @@ int64_t tc_memfd_bytes(void)
 		char path[320], link[256];
 		struct stat st;
 		ssize_t n;
-		int fd;
 
 		if (e->d_name[0] == '.')
 			continue;
@@ -173,8 +172,9 @@ int64_t tc_memfd_bytes(void)
 		link[n] = '\0';
 		if (strncmp(link, "/memfd:cuvmm", 12) != 0)
 			continue;
-		fd = atoi(e->d_name);
-		if (fstat(fd, &st) == 0)
+		/* stat() through the link, not fstat() of the library's fd: the background thread may close it
+		 * meanwhile, and an fstat of a closed (or reused) descriptor is a data race TSan reports. */
+		if (stat(path, &st) == 0)
 			sum += (int64_t)st.st_blocks * 512;
 	}
 	closedir(d);
