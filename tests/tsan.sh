@@ -37,13 +37,13 @@ fi
 
 rm -rf "$build"
 CC=clang CXX=clang++ meson setup "$build" -Db_sanitize=thread -Db_lundef=false \
-	-Dtests=enabled -Ddocs=disabled -Dbench=false -Dexamples=false >/dev/null
+	-Dtests=enabled -Ddocs=disabled -Dbench=disabled -Dexamples=disabled -Dpython=disabled >/dev/null
 ninja -C "$build" >/dev/null
 
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 meson test -C "$build" --print-errorlogs --timeout-multiplier 3 "${wrap[@]}" \
 	test_reliability-host test_region-host test_kv-host test_ctx-host test_errors-host test_phys-host \
-	outside-host
+	test_capture-host test_torch_shim-host outside-host
 
 ms=${CUVMM_STRESS_MS:-20000}
 echo "tsan: stress (test_reliability, case stress) for ${ms} ms"
