@@ -5,7 +5,8 @@
 #
 # Subset, for time (build, subset and stress take about 3 minutes on 2 cores): test_reliability (double
 # faults, the inject-fault race, the statistics snapshot under concurrency, the stress), test_region
-# (fences, trims racing the background thread), test_kv (map-ahead), test_ctx, test_errors, test_phys and
+# (fences, trims racing the background thread), test_kv (map-ahead), test_ctx, test_errors, test_phys,
+# test_capture (threads allocating under capture beside others, the graph registry), test_torch_shim and
 # outside. Left out: test_pool (over 90 s without TSan; its threads are covered by the stress) and
 # test_sleep (127 s under TSan, clean when last run in full).
 set -euo pipefail
