@@ -277,9 +277,10 @@ def _patch_graphs(torch):
     def __del__(self):
         try:
             _graph_done(self)
-        finally:
-            if orig_del:
-                orig_del(self)
+        except Exception:  # at interpreter exit the module may be half torn down; the process ends anyway
+            pass
+        if orig_del:
+            orig_del(self)
 
     capture_begin.__doc__ = orig_begin.__doc__
     capture_end.__doc__ = orig_end.__doc__
