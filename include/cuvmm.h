@@ -882,26 +882,42 @@ CUVMM_API int cuvmm_torch_reset_totals(int device);
  * @{
  */
 
-/** The driver calls that can be made to fail. */
+/** X-macro list of the driver calls that can be made to fail: name, the driver function. The one list the
+ * enum and cuvmm_call_name() come from. */
+#define CUVMM_CALL_LIST(X)                                                                                   \
+	X(RESERVE, "cuMemAddressReserve")                                                                    \
+	X(UNRESERVE, "cuMemAddressFree")                                                                     \
+	X(CREATE, "cuMemCreate")                                                                             \
+	X(RELEASE, "cuMemRelease")                                                                           \
+	X(MAP, "cuMemMap")                                                                                   \
+	X(UNMAP, "cuMemUnmap")                                                                               \
+	X(SET_ACCESS, "cuMemSetAccess")                                                                      \
+	X(EVENT_CREATE, "cuEventCreate")                                                                     \
+	X(EVENT_RECORD, "cuEventRecord")                                                                     \
+	X(EVENT_QUERY, "cuEventQuery")                                                                       \
+	X(EVENT_SYNC, "cuEventSynchronize")                                                                  \
+	X(DEVICE_SYNC, "cuCtxSynchronize")                                                                   \
+	X(STREAM_WAIT, "cuStreamWaitEvent")                                                                  \
+	X(HOST_ALLOC, "cuMemHostAlloc")                                                                      \
+	X(COPY, "cuMemcpyAsync")                                                                             \
+	X(CAPTURE_INFO, "cuStreamGetCaptureInfo")
+
+/** The driver calls that can be made to fail (CUVMM_CALL_LIST): CUVMM_CALL_RESERVE (cuMemAddressReserve),
+ * ..., CUVMM_CALL_HOST_ALLOC (pinned staging memory), CUVMM_CALL_COPY (the copies of sleep and wake),
+ * CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?). */
 enum cuvmm_call {
-	CUVMM_CALL_RESERVE = 0,    /**< cuMemAddressReserve */
-	CUVMM_CALL_UNRESERVE,      /**< cuMemAddressFree */
-	CUVMM_CALL_CREATE,         /**< cuMemCreate */
-	CUVMM_CALL_RELEASE,        /**< cuMemRelease */
-	CUVMM_CALL_MAP,            /**< cuMemMap */
-	CUVMM_CALL_UNMAP,          /**< cuMemUnmap */
-	CUVMM_CALL_SET_ACCESS,     /**< cuMemSetAccess */
-	CUVMM_CALL_EVENT_CREATE,   /**< cuEventCreate */
-	CUVMM_CALL_EVENT_RECORD,   /**< cuEventRecord */
-	CUVMM_CALL_EVENT_QUERY,    /**< cuEventQuery */
-	CUVMM_CALL_EVENT_SYNC,     /**< cuEventSynchronize */
-	CUVMM_CALL_DEVICE_SYNC,    /**< cuCtxSynchronize */
-	CUVMM_CALL_STREAM_WAIT,    /**< cuStreamWaitEvent */
-	CUVMM_CALL_HOST_ALLOC,     /**< cuMemHostAlloc (pinned staging memory) */
-	CUVMM_CALL_COPY,           /**< cuMemcpyDtoHAsync / cuMemcpyHtoDAsync */
-	CUVMM_CALL_CAPTURE_INFO,   /**< cuStreamGetCaptureInfo (is a stream being captured into a CUDA graph?) */
-	CUVMM_CALL_COUNT_          /**< number of calls; not a call */
+#define CUVMM_CALL_ENUM_(name, fn) CUVMM_CALL_##name,
+	CUVMM_CALL_LIST(CUVMM_CALL_ENUM_)
+#undef CUVMM_CALL_ENUM_
+	CUVMM_CALL_COUNT_ /**< number of calls; not a call */
 };
+
+/**
+ * Name the driver function behind a call kind.
+ * @param[in] call a call kind (any value is accepted)
+ * @return a static string such as "cuMemMap"; "?" for a value that is not a call; never NULL
+ */
+CUVMM_API const char *cuvmm_call_name(enum cuvmm_call call);
 
 /**
  * Make calls of one kind fail: the next @p skip calls of @p call on this context succeed, then @p count

@@ -15,15 +15,15 @@ static _Thread_local int last_cu;
 
 /* The driver function behind each enum cuvmm_call, for messages. */
 static const char *const call_names[CUVMM_CALL_COUNT_] = {
-	[CUVMM_CALL_RESERVE] = "cuMemAddressReserve",   [CUVMM_CALL_UNRESERVE] = "cuMemAddressFree",
-	[CUVMM_CALL_CREATE] = "cuMemCreate",            [CUVMM_CALL_RELEASE] = "cuMemRelease",
-	[CUVMM_CALL_MAP] = "cuMemMap",                  [CUVMM_CALL_UNMAP] = "cuMemUnmap",
-	[CUVMM_CALL_SET_ACCESS] = "cuMemSetAccess",     [CUVMM_CALL_EVENT_CREATE] = "cuEventCreate",
-	[CUVMM_CALL_EVENT_RECORD] = "cuEventRecord",    [CUVMM_CALL_EVENT_QUERY] = "cuEventQuery",
-	[CUVMM_CALL_EVENT_SYNC] = "cuEventSynchronize", [CUVMM_CALL_DEVICE_SYNC] = "cuCtxSynchronize",
-	[CUVMM_CALL_STREAM_WAIT] = "cuStreamWaitEvent", [CUVMM_CALL_HOST_ALLOC] = "cuMemHostAlloc",
-	[CUVMM_CALL_COPY] = "cuMemcpyAsync",
+#define CVM_CALL_NAME_(name, fn) [CUVMM_CALL_##name] = fn,
+	CUVMM_CALL_LIST(CVM_CALL_NAME_)
+#undef CVM_CALL_NAME_
 };
+
+const char *cuvmm_call_name(enum cuvmm_call call)
+{
+	return (int)call >= 0 && call < CUVMM_CALL_COUNT_ ? call_names[call] : "?";
+}
 
 /* Log a driver call that failed or was slow (debug level), and pass its CUresult on. t0 is its start, or 0
  * when it was not timed. */

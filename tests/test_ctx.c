@@ -270,6 +270,24 @@ START_TEST(test_trim_einval)
 }
 END_TEST
 
+/* Every call kind has its driver function's name, out-of-range values "?"; never NULL. */
+START_TEST(test_call_names)
+{
+	ck_assert_str_eq(cuvmm_call_name(CUVMM_CALL_MAP), "cuMemMap");
+	ck_assert_str_eq(cuvmm_call_name(CUVMM_CALL_CAPTURE_INFO), "cuStreamGetCaptureInfo");
+	for (int c = 0; c < CUVMM_CALL_COUNT_; c++) {
+		const char *n = cuvmm_call_name((enum cuvmm_call)c);
+
+		ck_assert_ptr_nonnull(n);
+		ck_assert_msg(!strncmp(n, "cu", 2), "call %d is named %s", c, n);
+		for (int d = 0; d < c; d++)
+			ck_assert_str_ne(n, cuvmm_call_name((enum cuvmm_call)d));
+	}
+	ck_assert_str_eq(cuvmm_call_name(CUVMM_CALL_COUNT_), "?");
+	ck_assert_str_eq(cuvmm_call_name((enum cuvmm_call)-1), "?");
+}
+END_TEST
+
 START_TEST(test_inject_fault_einval_and_call_count)
 {
 	struct cuvmm_ctx *ctx = tc_ctx(NULL);
@@ -694,6 +712,7 @@ static Suite *ctx_suite(void)
 	tcase_add_test(tc, test_destroy_null_and_accessors);
 	tcase_add_test(tc, test_stats_einval);
 	tcase_add_test(tc, test_trim_einval);
+	tcase_add_test(tc, test_call_names);
 	tcase_add_test(tc, test_inject_fault_einval_and_call_count);
 	tcase_add_test(tc, test_destroy_with_live_region);
 	tcase_add_test(tc, test_destroy_gives_everything_back);

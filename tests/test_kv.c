@@ -1259,11 +1259,6 @@ static struct kvsnap kvsnap_take(struct cuvmm_ctx *ctx, struct cuvmm_kv *kv)
 	ck_assert_msg((a)->f == (b)->f, "%s: " #f " was %llu before the failed call, %llu after", what,        \
 		      (unsigned long long)(a)->f, (unsigned long long)(b)->f)
 
-static const char *const call_names[] = {
-	"RESERVE", "UNRESERVE", "CREATE", "RELEASE", "MAP", "UNMAP", "SET_ACCESS", "EVENT_CREATE",
-	"EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "DEVICE_SYNC", "STREAM_WAIT", "HOST_ALLOC", "COPY",
-};
-
 /*
  * CREATE, MAP or SET_ACCESS failing in the middle of a kv_alloc that takes 2 free blocks of a mapped page and
  * maps 3 new pages in 3 tensors (9 chunks): at the first, second, fifth and last chunk.
@@ -1290,7 +1285,7 @@ static void alloc_fault_setup(struct alloc_fault *af, int i)
 	const uint64_t skip = alloc_skips[i % 4];
 
 	af->err = skip % 2 ? CUVMM_ENOMEM : CUVMM_EDRIVER;
-	snprintf(af->what, sizeof(af->what), "%s failing after %llu calls in a kv_alloc", call_names[call],
+	snprintf(af->what, sizeof(af->what), "%s failing after %llu calls in a kv_alloc", cuvmm_call_name(call),
 		 (unsigned long long)skip);
 	af->ctx = ctx_with(-1, true);
 	af->kv = kv_new(af->ctx, AF_B, AF_MAX, AF_T);
@@ -1438,13 +1433,13 @@ START_TEST(test_fault_free_fence)
 	before = kvsnap_take(ctx, kv);
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, 0, UINT32_MAX, CUVMM_EDRIVER), CUVMM_OK);
 	got = cuvmm_kv_free(kv, 8, ids, s);
-	ck_assert_msg(got == CUVMM_EDRIVER, "%s failing in kv_free: %s", call_names[call], cuvmm_err_name(got));
+	ck_assert_msg(got == CUVMM_EDRIVER, "%s failing in kv_free: %s", cuvmm_call_name(call), cuvmm_err_name(got));
 	ck_assert_int_ge(cuvmm_ctx_call_count(ctx, call), 1);
 	trim(ctx);
 	after = kvsnap_take(ctx, kv);
-	KVSNAP_FIELD(&before, &after, k_mapped, call_names[call]);
-	KVSNAP_FIELD(&before, &after, k_live, call_names[call]);
-	KVSNAP_FIELD(&before, &after, d_live, call_names[call]);
+	KVSNAP_FIELD(&before, &after, k_mapped, cuvmm_call_name(call));
+	KVSNAP_FIELD(&before, &after, k_live, cuvmm_call_name(call));
+	KVSNAP_FIELD(&before, &after, d_live, cuvmm_call_name(call));
 	ck_assert_int_eq(cuvmm_kv_alloc(kv, 56, (uint32_t[64]){0}), CUVMM_OK); /* the 8 are still taken */
 	ck_assert_int_eq(cuvmm_kv_alloc(kv, 1, x), CUVMM_ENOSPC);
 	for (int k = 0; k < 8; k++)

@@ -783,15 +783,6 @@ static void inject(struct cuvmm_ctx *ctx, enum cuvmm_call call, uint64_t skip, u
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, skip, count, err), CUVMM_OK);
 }
 
-static const char *call_name(enum cuvmm_call c)
-{
-	static const char *const names[] = {"RESERVE", "UNRESERVE", "CREATE", "RELEASE", "MAP", "UNMAP",
-					    "SET_ACCESS", "EVENT_CREATE", "EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC",
-					    "DEVICE_SYNC", "STREAM_WAIT", "HOST_ALLOC", "COPY"};
-
-	return (unsigned)c < sizeof(names) / sizeof(names[0]) ? names[c] : "?";
-}
-
 /*
  * A malloc that needs fresh memory, with CREATE, MAP or SET_ACCESS failing at the first, a middle or the last
  * chunk (a 7-granule allocation maps chunks of 4, 2 and 1 granules with one SET_ACCESS; a new slab one chunk).
@@ -827,7 +818,7 @@ START_TEST(test_fault_malloc_fresh)
 					int err;
 
 					snprintf(what, sizeof(what), "%s failing with %s after %u calls in malloc(%zu)",
-						 call_name(calls[c].call), cuvmm_err_name(errs[e]), skip, sizes[si]);
+						 cuvmm_call_name(calls[c].call), cuvmm_err_name(errs[e]), skip, sizes[si]);
 					trim_ok(pool, 0); /* no free memory, nothing cached: the malloc maps fresh chunks */
 					before = snap_of(ctx, pool);
 					n0 = cuvmm_ctx_call_count(ctx, calls[c].call);
@@ -926,7 +917,7 @@ START_TEST(test_fault_free_async)
 				int err;
 
 				snprintf(what, sizeof(what), "%s failing with %s in free_async of %zu bytes",
-					 call_name(calls[c]), cuvmm_err_name(errs[e]), sizes[si]);
+					 cuvmm_call_name(calls[c]), cuvmm_err_name(errs[e]), sizes[si]);
 				others_make(pool, &o);
 				ck_assert_int_eq(cuvmm_malloc(pool, sizes[si], &x), CUVMM_OK);
 				ck_assert_int_eq(pat_fill(x, sizes[si], 0x77), 0);
@@ -2424,7 +2415,7 @@ START_TEST(test_fault_compose)
 			uint64_t n0;
 			int err;
 
-			snprintf(what, sizeof(what), "compose with %s failing after %u calls", call_name(calls[c]), skip);
+			snprintf(what, sizeof(what), "compose with %s failing after %u calls", cuvmm_call_name(calls[c]), skip);
 			u = compose_before(pool, g, &cc);
 			before = snap_of(ctx, pool);
 			n0 = cuvmm_ctx_call_count(ctx, calls[c]);

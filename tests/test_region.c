@@ -853,11 +853,6 @@ END_TEST
 
 /* ----- fault injection ----- */
 
-static const char *const call_names[] = {
-	"RESERVE", "UNRESERVE", "CREATE", "RELEASE", "MAP", "UNMAP", "SET_ACCESS", "EVENT_CREATE",
-	"EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "DEVICE_SYNC", "STREAM_WAIT", "HOST_ALLOC", "COPY",
-};
-
 START_TEST(test_fault_reserve)
 {
 	struct cuvmm_ctx *ctx = tc_ctx(NULL);
@@ -904,7 +899,7 @@ START_TEST(test_fault_map_path)
 	CUstream s;
 	int got;
 
-	snprintf(what, sizeof(what), "%s failing after %llu calls in a %s", call_names[call], (unsigned long long)skip,
+	snprintf(what, sizeof(what), "%s failing after %llu calls in a %s", cuvmm_call_name(call), (unsigned long long)skip,
 		 resize ? "resize" : "map");
 	ck_assert_int_eq(tc_stream_create(&s), 0);
 	for (size_t g = 0; g <= 6; g += 2)
@@ -967,7 +962,7 @@ START_TEST(test_fault_fence)
 	CUstream s = NULL;
 	int got;
 
-	snprintf(what, sizeof(what), "%s failing in a %s", call_names[call], resize ? "shrink" : "unmap");
+	snprintf(what, sizeof(what), "%s failing in a %s", cuvmm_call_name(call), resize ? "shrink" : "unmap");
 	if (call != CUVMM_CALL_DEVICE_SYNC)
 		ck_assert_int_eq(tc_stream_create(&s), 0);
 	ck_assert_int_eq(cuvmm_region_map(r, 0, 4 * G), CUVMM_OK);

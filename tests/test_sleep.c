@@ -717,11 +717,6 @@ END_TEST
 
 /* ----- fault injection ----- */
 
-static const char *const call_names[] = {
-	"RESERVE", "UNRESERVE", "CREATE", "RELEASE", "MAP", "UNMAP", "SET_ACCESS", "EVENT_CREATE",
-	"EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "DEVICE_SYNC", "STREAM_WAIT", "HOST_ALLOC", "COPY",
-};
-
 /* A region laid out as map_layout() with contents 111, the cache emptied. */
 static struct cuvmm_region *fault_region(struct cuvmm_ctx *ctx)
 {
@@ -768,7 +763,7 @@ START_TEST(test_fault_sleep)
 	char what[96];
 	int got;
 
-	snprintf(what, sizeof(what), "%s failing after %llu calls in a sleep%s", call_names[call],
+	snprintf(what, sizeof(what), "%s failing after %llu calls in a sleep%s", cuvmm_call_name(call),
 		 (unsigned long long)skip, sleep_faults[_i].stream ? " on a stream" : "");
 	if (sleep_faults[_i].stream)
 		ck_assert_int_eq(tc_stream_create(&s), 0);
@@ -860,7 +855,7 @@ START_TEST(test_fault_wake)
 	CUstream s;
 	int got;
 
-	snprintf(what, sizeof(what), "%s failing after %llu calls in a wake (%s)", call_names[call],
+	snprintf(what, sizeof(what), "%s failing after %llu calls in a wake (%s)", cuvmm_call_name(call),
 		 (unsigned long long)skip, mode == CUVMM_SLEEP_OFFLOAD ? "offload" : "discard");
 	ck_assert_int_eq(tc_stream_create(&s), 0);
 	awake = tc_snap_take(ctx, r);

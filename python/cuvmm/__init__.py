@@ -17,7 +17,7 @@ import threading as _threading
 from ._lib import LOG_FN as _LOG_FN, lib as _c, path as library_path
 from ._errors import (Backend, Busy, Call, ClosedError, DriverError, Error, ErrorCode, InvalidArgument,
                       LogLevel, NoDevice, NoDriver, NoSpace, NotSupported, OutOfMemory, StateError,
-                      err_name, last_driver_error, strerror)
+                      call_name, err_name, last_driver_error, strerror)
 from ._objects import KV, Context, Pool, Region, Stats
 
 OK = ErrorCode.OK
@@ -37,7 +37,7 @@ __all__ = [
     "StateError", "DriverError", "ClosedError",
     "ErrorCode", "Backend", "Call", "LogLevel",
     "OK", "EINVAL", "ENOMEM", "ENOSPC", "ENODRIVER", "ENODEV", "ENOTSUP", "EBUSY", "ESTATE", "EDRIVER",
-    "version", "strerror", "err_name", "last_driver_error", "set_log_callback", "library_path",
+    "version", "strerror", "err_name", "call_name", "last_driver_error", "set_log_callback", "library_path",
 ]
 
 

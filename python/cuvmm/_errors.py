@@ -59,6 +59,11 @@ def strerror(code):
     return lib.cuvmm_strerror(int(code)).decode()
 
 
+def call_name(call):
+    """The driver function behind a Call ("cuMemMap"); "?" for any other int."""
+    return lib.cuvmm_call_name(int(call)).decode()
+
+
 def err_name(code):
     """The name of an error code ("CUVMM_EINVAL"); "CUVMM_E?" for any other int."""
     return lib.cuvmm_err_name(int(code)).decode()

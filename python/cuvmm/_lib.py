@@ -140,6 +140,7 @@ PROTOTYPES = {
     "cuvmm_pool_wake": (c_int, [c_void_p, CUstream]),
     "cuvmm_ctx_inject_fault": (c_int, [c_void_p, c_enum, c_uint64, c_uint32, c_int]),
     "cuvmm_ctx_call_count": (c_uint64, [c_void_p, c_enum]),
+    "cuvmm_call_name": (c_char_p, [c_enum]),
     "cuvmm_capture_pool": (c_int, [c_void_p, c_int, CUstream, c_uint64, P(c_uint64)]),
     "cuvmm_graph_release": (c_int, [c_void_p, c_uint64]),
     "cuvmm_torch_init": (c_int, [P(Config)]),

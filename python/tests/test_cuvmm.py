@@ -95,6 +95,11 @@ class TestModule(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
 
     @unittest.skipUnless(os.path.exists(HEADER), "source tree header not found")
+    def test_call_name(self):
+        self.assertEqual(cuvmm.call_name(cuvmm.Call.MAP), "cuMemMap")
+        self.assertEqual(cuvmm.call_name(cuvmm.Call.CAPTURE_INFO), "cuStreamGetCaptureInfo")
+        self.assertEqual(cuvmm.call_name(len(cuvmm.Call)), "?")
+
     def test_every_function_bound(self):
         with open(HEADER) as f:
             names = set(re.findall(r"CUVMM_API\b[^;{]*?\b(cuvmm_\w+)\s*\(", f.read()))
