@@ -179,8 +179,7 @@ static int map_page(struct cuvmm_kv *kv, uint32_t p)
 	return err;
 }
 
-/* A page to back next: the lowest page that is unmapped and has room (never used pages come from
- * next_fresh; released ones are found by the scan below next_fresh). */
+/* A page to back next: the lowest page that is unmapped, not being mapped, and has room. */
 static uint32_t unmapped_page(struct cuvmm_kv *kv)
 {
 	for (uint32_t p = 0; p < kv->npages; p++)

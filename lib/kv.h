@@ -46,7 +46,6 @@ struct cuvmm_kv {
 	uint64_t *busy;           /* one bit per block: allocated */
 	uint32_t *bucket;         /* head page per occupancy 0..max_cap-1 (UINT32_MAX: empty) */
 	uint32_t top;             /* highest bucket that may be non-empty */
-	uint32_t next_fresh;      /* lowest page never considered: where new pages come from */
 	uint32_t nblocks_live;
 	uint32_t mapped_pages, empty_pages;
 	uint64_t last_alloc_ns;

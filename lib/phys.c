@@ -183,8 +183,9 @@ static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
 	return size;
 }
 
-/* Take chunks out of the cache, oldest first, until `bytes` are out or `pred` refuses; returns a chain
- * (through anext) for the caller to release once it dropped the lock. Called with the lock held. */
+/* Take chunks out of the cache, oldest first, until `bytes` are out, passing over chunks of class `skip_cls`
+ * (-1: none); returns a chain (through anext) for the caller to release once it dropped the lock. Called with
+ * the lock held. */
 static struct cvm_chunk *take_oldest(struct cvm_phys *p, size_t bytes, int skip_cls)
 {
 	struct cvm_chunk *chain = NULL, *c = p->age.anext, *next;
