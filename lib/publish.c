@@ -117,7 +117,8 @@ void cvm_pub_close(struct cuvmm_ctx *ctx)
  * functions take only the device's account lock, a leaf. */
 static void snap_objects(struct cuvmm_ctx *ctx, struct cvm_pub_page *s)
 {
-	for (struct cvm_client *c = ctx->clients.next; c != &ctx->clients; c = c->next) {
+	/* Oldest first: the list holds the newest at its head. */
+	for (struct cvm_client *c = ctx->clients.prev; c != &ctx->clients; c = c->prev) {
 		struct cvm_pub_obj *o;
 		struct cuvmm_stats st = {.size = sizeof(st)};
 		const char *name = c->ops->kind;

@@ -106,7 +106,7 @@ enum { CVM_PUB_READ_OK = 0, CVM_PUB_READ_IO = -1, CVM_PUB_READ_FORMAT = -2, CVM_
 int cvm_pub_read(const char *path, struct cvm_pub_page *out);
 /* Field 22 of /proc/<pid>/stat (start time in clock ticks since boot), 0 if unreadable. */
 uint64_t cvm_pub_start_time(int64_t pid);
-/* Has the process that wrote the page gone (no such pid, or the pid now names a later process)? */
+/* Has the process that wrote the page gone (no such pid, a zombie, or the pid now names a later process)? */
 bool cvm_pub_dead(const struct cvm_pub_page *p);
 
 #endif /* CVM_PUBLISH_H */

@@ -72,7 +72,8 @@ int cvm_pub_read(const char *path, struct cvm_pub_page *out)
 	return ret;
 }
 
-uint64_t cvm_pub_start_time(int64_t pid)
+/* Fields 3 (state) and 22 (start time, clock ticks since boot) of /proc/<pid>/stat; false if unreadable. */
+static bool proc_stat(int64_t pid, char *state, uint64_t *start)
 {
 	char path[64], buf[1024], *s;
 	unsigned long long v = 0;
@@ -82,31 +83,43 @@ uint64_t cvm_pub_start_time(int64_t pid)
 	snprintf(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return 0;
+		return false;
 	n = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
 	if (n <= 0)
-		return 0;
+		return false;
 	buf[n] = '\0';
-	/* The name (field 2) may hold blanks and parentheses: count fields after its last ')'. Field 3 is
-	 * the first after it; the start time is field 22. */
+	/* The name (field 2) may hold blanks and parentheses: count fields after its last ')'. */
 	s = strrchr(buf, ')');
-	if (!s)
-		return 0;
+	if (!s || s[1] != ' ' || !s[2])
+		return false;
+	*state = s[2];
 	s++;
 	for (int field = 2; field < 21 && s; field++)
 		s = strchr(s + 1, ' ');
 	if (!s || sscanf(s, " %llu", &v) != 1)
-		return 0;
-	return v;
+		return false;
+	*start = v;
+	return true;
+}
+
+uint64_t cvm_pub_start_time(int64_t pid)
+{
+	char state;
+	uint64_t start;
+
+	return proc_stat(pid, &state, &start) ? start : 0;
 }
 
 bool cvm_pub_dead(const struct cvm_pub_page *p)
 {
-	uint64_t t;
+	char state;
+	uint64_t start;
 
 	if (p->pid <= 0 || (kill((pid_t)p->pid, 0) && errno == ESRCH))
 		return true;
-	t = cvm_pub_start_time(p->pid);
-	return t && p->start_time && t != p->start_time;
+	if (!proc_stat(p->pid, &state, &start))
+		return false; /* no /proc: alive, as kill() says */
+	/* A zombie has ended; a different start time is a later process that got the pid. */
+	return state == 'Z' || state == 'X' || (p->start_time && start != p->start_time);
 }
