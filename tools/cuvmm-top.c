@@ -92,7 +92,8 @@ static long long nvml_used(long long pid)
 		if (nvml.handle(d, &h) || nvml.procs(h, &n, procs))
 			continue;
 		for (unsigned i = 0; i < n && i < 256; i++) {
-			if ((long long)procs[i].pid == pid) {
+			/* (~0: NVML_VALUE_NOT_AVAILABLE, e.g. without the rights to see the process) */
+			if ((long long)procs[i].pid == pid && procs[i].used != ~0ull) {
 				sum += (long long)procs[i].used;
 				seen = true;
 			}
@@ -117,6 +118,9 @@ static int by_pid(const void *a, const void *b)
 	return strcmp(x->file, y->file);
 }
 
+/* Pages that could not be opened (another user's, mode 0600) in the last scan. */
+static size_t unreadable;
+
 /* Read every page of dir into *out (n of them); skip those of processes that are gone (removing them
  * with clean). 0, or -1 if dir cannot be read. */
 static int scan(const char *dir, long long only_pid, bool clean, struct proc **out, size_t *n)
@@ -127,6 +131,7 @@ static int scan(const char *dir, long long only_pid, bool clean, struct proc **o
 	size_t cap = 0;
 
 	*n = 0;
+	unreadable = 0;
 	if (!d)
 		return -1;
 	while ((e = readdir(d))) {
@@ -138,8 +143,10 @@ static int scan(const char *dir, long long only_pid, bool clean, struct proc **o
 		if (only_pid > 0 && strtoll(e->d_name + strlen(CVM_PUB_PREFIX), NULL, 10) != only_pid)
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		if (cvm_pub_read(path, &p.pg) != CVM_PUB_READ_OK)
+		if (cvm_pub_read(path, &p.pg) != CVM_PUB_READ_OK) {
+			unreadable += access(path, R_OK) != 0;
 			continue;
+		}
 		if (cvm_pub_dead(&p.pg)) {
 			if (clean)
 				unlink(path);
@@ -176,6 +183,8 @@ static void show(const char *dir, const struct proc *v, size_t n)
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&t));
 	printf("cuvmm-top  %s  %zu context%s in %s\n", when, n, n == 1 ? "" : "s", dir);
+	if (unreadable)
+		printf("(%zu more not readable: another user's; run as root to see them)\n", unreadable);
 	for (size_t i = 0; i < n; i++) {
 		const struct cvm_pub_page *p = &v[i].pg;
 		uint64_t mono = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
