@@ -20,6 +20,43 @@
 
 static _Atomic unsigned pub_count; /* contexts published by this process so far: the file's <n> */
 
+/* The pages of this process still open: a context never destroyed (the PyTorch shim's lives as long as the
+ * process) has its file unlinked at exit all the same. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cvm_pub *open_pages;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+static void unlink_at_exit(void)
+{
+	pthread_mutex_lock(&open_lock);
+	for (struct cvm_pub *p = open_pages; p; p = p->next)
+		if (getpid() == p->pid)
+			unlink(p->path);
+	pthread_mutex_unlock(&open_lock);
+}
+
+static void register_exit(void)
+{
+	atexit(unlink_at_exit);
+}
+
+static void track(struct cvm_pub *pub, bool add)
+{
+	pthread_mutex_lock(&open_lock);
+	if (add) {
+		pub->next = open_pages;
+		open_pages = pub;
+	} else {
+		for (struct cvm_pub **pp = &open_pages; *pp; pp = &(*pp)->next) {
+			if (*pp == pub) {
+				*pp = pub->next;
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&open_lock);
+}
+
 static uint64_t clock_ns(clockid_t id)
 {
 	struct timespec ts;
@@ -87,6 +124,8 @@ void cvm_pub_open(struct cuvmm_ctx *ctx)
 	}
 	memcpy(page->magic, CVM_PUB_MAGIC, 8);
 	pub->page = page;
+	pthread_once(&exit_once, register_exit);
+	track(pub, true);
 	atomic_init(&pub->dirty, true);
 	atomic_init(&pub->due, 0);
 	ctx->pub = pub;
@@ -106,6 +145,7 @@ void cvm_pub_close(struct cuvmm_ctx *ctx)
 	if (!pub)
 		return;
 	ctx->pub = NULL;
+	track(pub, false);
 	if (getpid() == pub->pid)
 		unlink(pub->path);
 	munmap(pub->page, sizeof(*pub->page));

@@ -76,6 +76,7 @@ struct cvm_pub {
 	int64_t pid;              /* the creator: a forked child neither writes nor unlinks the file */
 	char path[256];
 	struct cvm_pub_page snap; /* the snapshot being taken, under lock */
+	struct cvm_pub *next;     /* the process's open pages, unlinked at exit (publish.c) */
 };
 
 /* Create the context's page (ctx->pub) unless CUVMM_PUBLISH says no. Never fails the context: a page that
