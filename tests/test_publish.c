@@ -311,6 +311,32 @@ START_TEST(test_publish_dead_process)
 }
 END_TEST
 
+/* A process that exits normally without destroying its context (the PyTorch shim's lives as long as the
+ * process) leaves no file. */
+START_TEST(test_publish_exit_unlinks)
+{
+	pid_t child = fork();
+	int status;
+
+	ck_assert_int_ge(child, 0);
+	if (child == 0) {
+		struct cuvmm_ctx *a, *b;
+		struct cuvmm_config cfg;
+
+		tc_config(&cfg);
+		cfg.backend = CUVMM_BACKEND_HOST; /* CUDA is not for a forked child */
+		if (cuvmm_ctx_create(&cfg, &a) || cuvmm_ctx_create(&cfg, &b))
+			_exit(1);
+		cuvmm_ctx_destroy(a); /* one destroyed, one not */
+		exit(count_files() == 1 ? 0 : 2);
+	}
+	ck_assert_int_eq(waitpid(child, &status, 0), child);
+	ck_assert(WIFEXITED(status));
+	ck_assert_int_eq(WEXITSTATUS(status), 0);
+	ck_assert_int_eq(count_files(), 0);
+}
+END_TEST
+
 /* Files that are not pages are refused, not misread. */
 START_TEST(test_publish_reader_refuses)
 {
@@ -343,6 +369,7 @@ static Suite *publish_suite(void)
 	tcase_add_test(tc, test_publish_bad_dir);
 	tcase_add_loop_test(tc, test_publish_refreshes, 0, 2);
 	tcase_add_test(tc, test_publish_dead_process);
+	tcase_add_test(tc, test_publish_exit_unlinks);
 	tcase_add_test(tc, test_publish_reader_refuses);
 	suite_add_tcase(s, tc);
 	return s;
