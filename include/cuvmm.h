@@ -187,7 +187,9 @@ struct cuvmm_config {
 /**
  * Fill @p cfg with the defaults, then apply the CUVMM_* environment variables (CUVMM_BACKEND,
  * CUVMM_RELEASE_DELAY_MS, CUVMM_RETAIN_BYTES, CUVMM_DEVICE_LIMIT, CUVMM_BACKGROUND_RELEASE,
- * CUVMM_HOST_GRANULARITY). Words are case-insensitive; sizes are digits with an optional K, M, G or T
+ * CUVMM_HOST_GRANULARITY). cuvmm_ctx_create() also reads CUVMM_PUBLISH (0/no/off/false: the context
+ * publishes no counters for cuvmm-top) and CUVMM_PUBLISH_DIR (where it does; default /dev/shm), which
+ * are no fields of this struct. Words are case-insensitive; sizes are digits with an optional K, M, G or T
  * suffix; an empty variable counts as unset. A value that is malformed or that the library cannot serve (a
  * host granularity that is not a power of two at least the page size, a device limit below one granule, a
  * delay above CUVMM_RELEASE_DELAY_MS_MAX) is ignored and reported as a warning naming the variable and what

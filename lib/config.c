@@ -21,6 +21,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "publish.h"
 
 static const char *const backend_words[] = {"auto", "cuda", "host", NULL};           /* enum cuvmm_backend */
 static const char *const bool_words[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL}; /* odd: true */
@@ -30,6 +31,7 @@ enum env_kind {
 	ENV_WORD, /* one of words[], case-insensitive; the value is its index */
 	ENV_SIZE, /* bytes, with an optional K/M/G/T suffix */
 	ENV_MS,   /* -1 or a count of milliseconds */
+	ENV_PATH, /* an absolute path */
 };
 
 static const struct env_var {
@@ -47,6 +49,8 @@ static const struct env_var {
 	[CVM_ENV_HOST_GRANULARITY] = {"CUVMM_HOST_GRANULARITY", ENV_SIZE, NULL,
 				      "a power of two, at least the page size, such as 2M"},
 	[CVM_ENV_LOG] = {"CUVMM_LOG", ENV_WORD, log_words, "error, warn, info or debug"},
+	[CVM_ENV_PUBLISH] = {"CUVMM_PUBLISH", ENV_WORD, bool_words, "0 or 1 (no/yes, off/on)"},
+	[CVM_ENV_PUBLISH_DIR] = {"CUVMM_PUBLISH_DIR", ENV_PATH, NULL, "an absolute directory such as /dev/shm"},
 };
 
 /* The last bad value reported for each variable: a value is reported once per process (config_init runs
@@ -160,6 +164,11 @@ static int env_read(enum cvm_env which, int64_t *out, const char *used)
 			return 1;
 		env_report(which, s, "is not -1 or a number of milliseconds in range", used);
 		return -1;
+	case ENV_PATH:
+		if (*s == '/')
+			return 1;
+		env_report(which, s, "is not an absolute path", used);
+		return -1;
 	}
 	return -1;
 }
@@ -204,6 +213,22 @@ int cvm_env_log_level(int fallback)
 	if (env_read(CVM_ENV_LOG, &i, "warn") != 1)
 		return fallback;
 	return i == 4 ? CUVMM_LOG_WARN : (int)i; /* "warning" */
+}
+
+bool cvm_env_publish(void)
+{
+	int64_t i;
+
+	return env_read(CVM_ENV_PUBLISH, &i, "1 (the default)") != 1 || (i & 1);
+}
+
+const char *cvm_env_publish_dir(void)
+{
+	int64_t unused;
+
+	return env_read(CVM_ENV_PUBLISH_DIR, &unused, CVM_PUB_DEFAULT_DIR " (the default)") == 1
+		       ? env_value(CVM_ENV_PUBLISH_DIR)
+		       : CVM_PUB_DEFAULT_DIR;
 }
 
 void cuvmm_config_init(struct cuvmm_config *cfg)

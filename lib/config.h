@@ -4,6 +4,7 @@
 #ifndef CVM_CONFIG_H
 #define CVM_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,8 @@ enum cvm_env {
 	CVM_ENV_BACKGROUND_RELEASE,
 	CVM_ENV_HOST_GRANULARITY,
 	CVM_ENV_LOG,
+	CVM_ENV_PUBLISH,
+	CVM_ENV_PUBLISH_DIR,
 	CVM_ENV_COUNT_
 };
 
@@ -34,6 +37,11 @@ int cvm_parse_i64(const char *s, int64_t *out);
 enum cuvmm_backend cvm_env_backend(void);
 /* $CUVMM_LOG as a level, or `fallback` when unset or bad (reported once, straight to stderr). */
 int cvm_env_log_level(int fallback);
+/* $CUVMM_PUBLISH: whether contexts publish their counters for cuvmm-top (default yes; a bad value is
+ * reported once and counts as yes). Internal: not a field of struct cuvmm_config. */
+bool cvm_env_publish(void);
+/* $CUVMM_PUBLISH_DIR: where (an absolute directory; default /dev/shm; a bad value is reported once). */
+const char *cvm_env_publish_dir(void);
 /* CUVMM_EINVAL if a field of a caller's config is out of range. */
 int cvm_config_check(const struct cuvmm_config *cfg);
 

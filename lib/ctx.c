@@ -106,9 +106,11 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 		atomic_init(&ctx->dev[i].epoch, 1);
 		atomic_init(&ctx->dev[i].safe_epoch, 1);
 	}
+	cvm_pub_open(ctx); /* before the background thread, which writes it */
 	if (ctx->cfg.background_release && ctx->delay_ns != UINT64_MAX && ctx->delay_ns != 0) {
 		if (pthread_create(&ctx->bg, NULL, bg_main, ctx)) {
 			err = CUVMM_ENOMEM;
+			cvm_pub_close(ctx);
 			goto fail_drv;
 		}
 		ctx->bg_running = true;
@@ -158,6 +160,7 @@ void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx)
 			 c->dev->index);
 		c->destroy(c);
 	}
+	cvm_pub_close(ctx);
 	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
 		if (atomic_load(&ctx->dev[i].opened)) {
 			cvm_phys_fini(&ctx->dev[i].phys);
@@ -268,6 +271,7 @@ void cvm_ctx_add_client(struct cuvmm_ctx *ctx, struct cvm_client *c)
 	ctx->clients.next->prev = c;
 	ctx->clients.next = c;
 	pthread_mutex_unlock(&ctx->clients_lock);
+	cvm_pub_touch(ctx);
 }
 
 void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c)
@@ -278,6 +282,7 @@ void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c)
 	c->next->prev = c->prev;
 	c->next = c->prev = NULL;
 	pthread_mutex_unlock(&ctx->clients_lock);
+	cvm_pub_touch(ctx);
 }
 
 void cvm_ctx_kick(struct cuvmm_ctx *ctx, uint64_t deadline)
@@ -334,15 +339,27 @@ static uint64_t reclaim_pass(struct cuvmm_ctx *ctx)
 	atomic_store(&ctx->next_deadline, UINT64_MAX);
 	next = cvm_ctx_reclaim(ctx, cvm_now_ns(), false, -1, 0);
 	cvm_ctx_kick(ctx, next);
+	if (ctx->pub) /* what the pass gave back shows in the next snapshot */
+		atomic_store(&ctx->pub->dirty, true);
 	return atomic_load(&ctx->next_deadline);
 }
 
 void cvm_ctx_poll(struct cuvmm_ctx *ctx)
 {
+	uint64_t now;
+
+	/* The published page: one load while it is marked dirty already (a busy program); the first call
+	 * after a snapshot marks it and wakes the background thread, which writes the next when due. */
+	if (ctx->pub && !atomic_load_explicit(&ctx->pub->dirty, memory_order_relaxed))
+		cvm_pub_touch(ctx);
 	if (ctx->bg_running)
 		return;
-	if (atomic_load_explicit(&ctx->next_deadline, memory_order_relaxed) <= cvm_now_ns())
+	now = cvm_now_ns();
+	if (atomic_load_explicit(&ctx->next_deadline, memory_order_relaxed) <= now)
 		reclaim_pass(ctx);
+	/* Without a background thread, the call that finds a snapshot due writes it. */
+	if (ctx->pub && cvm_pub_deadline(ctx) <= now)
+		cvm_pub_update(ctx, now, false);
 }
 
 static void *bg_main(void *arg)
@@ -352,6 +369,7 @@ static void *bg_main(void *arg)
 	pthread_mutex_lock(&ctx->bg_lock);
 	while (!ctx->bg_stop) {
 		uint64_t deadline = atomic_load(&ctx->next_deadline), now = cvm_now_ns();
+		uint64_t pub = cvm_pub_deadline(ctx);
 
 		if (deadline <= now) {
 			pthread_mutex_unlock(&ctx->bg_lock);
@@ -359,6 +377,14 @@ static void *bg_main(void *arg)
 			pthread_mutex_lock(&ctx->bg_lock);
 			continue;
 		}
+		if (pub <= now) {
+			pthread_mutex_unlock(&ctx->bg_lock);
+			cvm_pub_update(ctx, now, false);
+			pthread_mutex_lock(&ctx->bg_lock);
+			continue;
+		}
+		if (pub < deadline)
+			deadline = pub;
 		if (deadline == UINT64_MAX) {
 			pthread_cond_wait(&ctx->bg_cond, &ctx->bg_lock);
 		} else {

@@ -12,6 +12,7 @@
 #include "drv.h"
 #include "graph.h"
 #include "phys.h"
+#include "publish.h"
 
 #define CVM_MAX_DEVICES 64
 
@@ -55,6 +56,9 @@ static inline bool cvm_dev_epoch_safe(struct cvm_dev *dev, uint64_t tag)
 struct cvm_client;
 struct cvm_client_ops {
 	uint64_t (*reclaim)(struct cvm_client *c, uint64_t now, bool force);
+	/* Its statistics as its cuvmm_*_stats() gives them, and a name for cuvmm-top (left as the kind when it
+	 * has none). Takes no lock but the device's account lock: called with clients_lock held. */
+	void (*stats)(struct cvm_client *c, struct cuvmm_stats *out, const char **name);
 	const char *kind;
 };
 struct cvm_client {
@@ -85,6 +89,7 @@ struct cuvmm_ctx {
 	_Atomic uint64_t next_deadline;
 
 	struct cvm_graphs graphs;     /* graph pools and the captures seen (graph.h) */
+	struct cvm_pub *pub;          /* the counters published for cuvmm-top (publish.h); NULL: not published */
 };
 
 /* The most that releases start ahead of release_delay_ms (cvm_dev_release_lead): a quarter of it. */

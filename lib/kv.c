@@ -297,7 +297,13 @@ static void kv_client_destroy(struct cvm_client *c)
 	cuvmm_kv_destroy((struct cuvmm_kv *)c);
 }
 
-static const struct cvm_client_ops kv_ops = {.reclaim = kv_reclaim, .kind = "kv"};
+static void kv_client_stats(struct cvm_client *c, struct cuvmm_stats *out, const char **name)
+{
+	(void)name;
+	cuvmm_kv_stats((struct cuvmm_kv *)c, out);
+}
+
+static const struct cvm_client_ops kv_ops = {.reclaim = kv_reclaim, .stats = kv_client_stats, .kind = "kv"};
 
 int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, struct cuvmm_kv **out)
 {

@@ -914,7 +914,15 @@ static void pool_client_destroy(struct cvm_client *c)
 	cuvmm_pool_destroy((struct cuvmm_pool *)c);
 }
 
-static const struct cvm_client_ops pool_ops = {.reclaim = pool_reclaim, .kind = "pool"};
+static void pool_client_stats(struct cvm_client *c, struct cuvmm_stats *out, const char **name)
+{
+	struct cuvmm_pool *p = (struct cuvmm_pool *)c;
+
+	cuvmm_pool_stats(p, out);
+	*name = p->name;
+}
+
+static const struct cvm_client_ops pool_ops = {.reclaim = pool_reclaim, .stats = pool_client_stats, .kind = "pool"};
 
 int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg, struct cuvmm_pool **out)
 {

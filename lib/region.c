@@ -414,7 +414,14 @@ static uint64_t region_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	return next;
 }
 
-static const struct cvm_client_ops region_ops = {.reclaim = region_reclaim, .kind = "region"};
+static void region_client_stats(struct cvm_client *c, struct cuvmm_stats *out, const char **name)
+{
+	(void)name;
+	cuvmm_region_stats((struct cuvmm_region *)c, out);
+}
+
+static const struct cvm_client_ops region_ops = {.reclaim = region_reclaim, .stats = region_client_stats,
+						 .kind = "region"};
 
 int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran)
 {

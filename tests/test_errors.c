@@ -9,11 +9,11 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "config.h" /* cvm_env_log_level */
+#include "config.h" /* cvm_env_log_level, cvm_env_publish, cvm_env_publish_dir */
 
 static const char *const env_vars[] = {
 	"CUVMM_BACKEND",      "CUVMM_RELEASE_DELAY_MS",   "CUVMM_RETAIN_BYTES", "CUVMM_DEVICE_LIMIT",
-	"CUVMM_HOST_GRANULARITY", "CUVMM_BACKGROUND_RELEASE", "CUVMM_LOG",
+	"CUVMM_HOST_GRANULARITY", "CUVMM_BACKGROUND_RELEASE", "CUVMM_LOG", "CUVMM_PUBLISH", "CUVMM_PUBLISH_DIR",
 };
 
 /* Every test starts with none of the configuration variables set (CUVMM_BACKEND is set by meson). */
@@ -345,6 +345,45 @@ START_TEST(test_config_env_log_words)
 		tc_env_set("CUVMM_LOG", cases[i].value);
 		ck_assert_msg(cvm_env_log_level(99) == cases[i].want, "CUVMM_LOG=\"%s\": %d, want %d",
 			      cases[i].value ? cases[i].value : "(unset)", cvm_env_log_level(99), cases[i].want);
+	}
+}
+END_TEST
+
+/* CUVMM_PUBLISH (a boolean word, internal: no config field) and CUVMM_PUBLISH_DIR (an absolute path) go
+ * through the same parser: a bad value is warned about once, naming the variable, and the default kept. */
+START_TEST(test_config_env_publish)
+{
+	static const struct {
+		const char *value;
+		bool want;
+		int warns;
+	} on[] = {
+		{NULL, true, 0}, {"", true, 0},   {"0", false, 0},   {"1", true, 0},      {"no", false, 0},
+		{"Off", false, 0}, {"YES", true, 0}, {"false", false, 0}, {"maybe", true, 1}, {" 0", true, 1},
+	};
+	static const struct {
+		const char *value, *want;
+		int warns;
+	} dirs[] = {
+		{NULL, "/dev/shm", 0},   {"", "/dev/shm", 0}, {"/tmp/x", "/tmp/x", 0},
+		{"tmp/x", "/dev/shm", 1}, {" /tmp", "/dev/shm", 1},
+	};
+
+	clear_env();
+	for (size_t i = 0; i < sizeof(on) / sizeof(on[0]); i++) {
+		tc_log_capture(CUVMM_LOG_DEBUG);
+		tc_env_set("CUVMM_PUBLISH", on[i].value);
+		ck_assert_msg(cvm_env_publish() == on[i].want, "CUVMM_PUBLISH=\"%s\": %d, want %d",
+			      on[i].value ? on[i].value : "(unset)", cvm_env_publish(), on[i].want);
+		ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "CUVMM_PUBLISH="), on[i].warns);
+		tc_log_release();
+	}
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		tc_log_capture(CUVMM_LOG_DEBUG);
+		tc_env_set("CUVMM_PUBLISH_DIR", dirs[i].value);
+		ck_assert_str_eq(cvm_env_publish_dir(), dirs[i].want);
+		ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "CUVMM_PUBLISH_DIR"), dirs[i].warns);
+		tc_log_release();
 	}
 }
 END_TEST
@@ -683,6 +722,7 @@ static Suite *errors_suite(void)
 	tcase_add_test(tc, test_config_env_bad_ctx_works);
 	tcase_add_test(tc, test_config_env_log_words);
 	tcase_add_test(tc, test_config_env_backend_one_rule);
+	tcase_add_test(tc, test_config_env_publish);
 	tcase_add_test(tc, test_ctx_no_driver_says_why);
 	suite_add_tcase(s, tc);
 

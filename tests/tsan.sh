@@ -6,9 +6,10 @@
 # Subset, for time (build, subset and stress take about 3 minutes on 2 cores): test_reliability (double
 # faults, the inject-fault race, the statistics snapshot under concurrency, the stress), test_region
 # (fences, trims racing the background thread), test_kv (map-ahead), test_ctx, test_errors, test_phys,
-# test_capture (threads allocating under capture beside others, the graph registry), test_torch_shim and
-# outside. Left out: test_pool (over 90 s without TSan; its threads are covered by the stress) and
-# test_sleep (127 s under TSan, clean when last run in full).
+# test_capture (threads allocating under capture beside others, the graph registry), test_torch_shim,
+# test_publish (snapshots by the background thread and by library calls) and outside. Left out: test_pool
+# (over 90 s without TSan; its threads are covered by the stress) and test_sleep (127 s under TSan, clean
+# when last run in full).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,7 +45,7 @@ ninja -C "$build" >/dev/null
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 meson test -C "$build" --print-errorlogs --timeout-multiplier 3 "${wrap[@]}" \
 	test_reliability-host test_region-host test_kv-host test_ctx-host test_errors-host test_phys-host \
-	test_capture-host test_torch_shim-host outside-host
+	test_capture-host test_torch_shim-host test_publish-host outside-host
 
 ms=${CUVMM_STRESS_MS:-20000}
 echo "tsan: stress (test_reliability, case stress) for ${ms} ms"
