@@ -243,7 +243,12 @@ int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, void *ptr, CUstr
 		}
 		ret = 1;
 	} else if (cap) {
-		/* Memory from outside the capture, freed inside it: its graph uses it from now on. */
+		/* Memory from outside the capture, freed inside it: its graph uses it from now on. bytes 0: not a
+		 * live allocation of the pool (a bad pointer, or freed already). */
+		if (!bytes) {
+			ret = CUVMM_EINVAL;
+			goto out;
+		}
 		c = capture_get(g, cap, stream, p->r.dev->index);
 		ret = c ? block_add(g, c->gp, p, ptr, bytes, &b) : CUVMM_ENOMEM;
 		if (ret)

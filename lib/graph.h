@@ -54,8 +54,9 @@ int cvm_graph_own(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, CUstream stream, 
 /*
  * A free of `ptr` of pool p on `stream` (capture `cap`, 0: none). If ptr belongs to a graph pool, or the
  * free happens under capture (the graph uses the memory: it joins the capture's graph pool, `bytes` as the
- * pool counts it), the registry keeps it: returns 1. Returns 0 where the pool should free it as usual,
- * CUVMM_EINVAL for a block already free, CUVMM_ENOMEM if the bookkeeping could not be allocated.
+ * pool counts it; 0 when it is not a live allocation), the registry keeps it: returns 1. Returns 0 where the
+ * pool should free it as usual, CUVMM_EINVAL for a block already free or, under capture, a pointer that is
+ * not a live allocation, CUVMM_ENOMEM if the bookkeeping could not be allocated.
  */
 int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, void *ptr, CUstream stream, uint64_t cap,
 		   size_t bytes);

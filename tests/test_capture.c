@@ -282,6 +282,22 @@ START_TEST(test_capture_refusals)
 	cap_begin(&cp, s);
 	ck_assert_int_eq(cuvmm_capture_pool(ctx, 0, s, 999999, &id), CUVMM_EINVAL);
 	id = graph_pool_of(ctx, s);
+	/* Under capture, a pointer that is not a live allocation is refused, and so is a second free of one the
+	 * capture took over. */
+	{
+		void *big;
+		struct cuvmm_stats ps0 = {.size = sizeof(ps0)}, ps1 = {.size = sizeof(ps1)};
+
+		ck_assert_int_eq(cuvmm_malloc(p, 8 * MiB, &big), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_pool_stats(p, &ps0), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free_async(p, (char *)big + 2 * MiB, s), CUVMM_EINVAL);
+		ck_assert_int_eq(cuvmm_free_async(p, (char *)big + 256, s), CUVMM_EINVAL);
+		ck_assert_int_eq(cuvmm_free_async(p, big, s), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free_async(p, big, s), CUVMM_EINVAL);
+		ck_assert_int_eq(cuvmm_free(p, big), CUVMM_EINVAL);
+		ck_assert_int_eq(cuvmm_pool_stats(p, &ps1), CUVMM_OK);
+		ck_assert_uint_eq(ps1.live_bytes, ps0.live_bytes); /* the graph keeps it */
+	}
 	before = tc_region_stats(r);
 	ck_assert_int_eq(cuvmm_region_unmap(r, 0, 2 * MiB, s), CUVMM_ENOTSUP);
 	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s), CUVMM_ENOTSUP);
