@@ -85,15 +85,31 @@ static struct cvm_gblock **hfind(struct cvm_graphs *g, const void *ptr)
 	return pp;
 }
 
+/* Put b at the end of gp's block list, or take it out of its graph pool's list. */
+static void block_list_add(struct cvm_gpool *gp, struct cvm_gblock *b)
+{
+	b->gp = gp;
+	b->gnext = &gp->head;
+	b->gprev = gp->head.gprev;
+	gp->head.gprev->gnext = b;
+	gp->head.gprev = b;
+	gp->nblocks++;
+}
+
+static void block_list_remove(struct cvm_gblock *b)
+{
+	b->gprev->gnext = b->gnext;
+	b->gnext->gprev = b->gprev;
+	b->gp->nblocks--;
+}
+
 static void block_unlink(struct cvm_graphs *g, struct cvm_gblock *b)
 {
 	struct cvm_gblock **pp = hfind(g, b->ptr);
 
 	if (*pp == b)
 		*pp = b->hnext;
-	b->gprev->gnext = b->gnext;
-	b->gnext->gprev = b->gprev;
-	b->gp->nblocks--;
+	block_list_remove(b);
 	atomic_fetch_sub_explicit(&g->nblocks, 1, memory_order_release);
 }
 
@@ -161,18 +177,13 @@ static int block_add(struct cvm_graphs *g, struct cvm_gpool *gp, struct cuvmm_po
 
 	if (!b)
 		return CUVMM_ENOMEM;
-	b->gp = gp;
 	b->pool = p;
 	b->ptr = ptr;
 	b->bytes = bytes;
 	pp = &g->hash[hslot(ptr)];
 	b->hnext = *pp;
 	*pp = b;
-	b->gnext = &gp->head;
-	b->gprev = gp->head.gprev;
-	gp->head.gprev->gnext = b;
-	gp->head.gprev = b;
-	gp->nblocks++;
+	block_list_add(gp, b);
 	atomic_fetch_add_explicit(&g->nblocks, 1, memory_order_release);
 	*out = b;
 	return CUVMM_OK;
@@ -297,13 +308,17 @@ static bool capture_ended(struct cuvmm_ctx *ctx, struct cvm_capture *c)
 	return id != c->id;
 }
 
-/* Forget the captures that have ended (their graph pools stay until released). Lock held. */
-static void captures_prune(struct cuvmm_ctx *ctx, int device)
+/*
+ * Forget the captures that have ended (their graph pools stay until released): on `device` (-1: all) those
+ * the driver says have ended, or, with `stream`, every capture seen on that stream (the caller saw it not
+ * capturing). Lock held.
+ */
+static void captures_prune(struct cuvmm_ctx *ctx, int device, CUstream stream)
 {
 	struct cvm_graphs *g = &ctx->graphs;
 
 	for (struct cvm_capture **pp = &g->captures, *c; (c = *pp);) {
-		if ((device < 0 || c->device == device) && capture_ended(ctx, c)) {
+		if (stream ? c->stream == stream : (device < 0 || c->device == device) && capture_ended(ctx, c)) {
 			*pp = c->next;
 			free(c);
 			atomic_fetch_sub(&g->ncaptures, 1);
@@ -320,15 +335,7 @@ void cvm_graph_not_capturing(struct cuvmm_ctx *ctx, CUstream stream)
 	if (!stream || atomic_load_explicit(&g->ncaptures, memory_order_relaxed) == 0)
 		return;
 	pthread_mutex_lock(&g->lock);
-	for (struct cvm_capture **pp = &g->captures, *c; (c = *pp);) {
-		if (c->stream == stream) {
-			*pp = c->next;
-			free(c);
-			atomic_fetch_sub(&g->ncaptures, 1);
-		} else {
-			pp = &c->next;
-		}
-	}
+	captures_prune(ctx, -1, stream);
 	pthread_mutex_unlock(&g->lock);
 }
 
@@ -340,7 +347,7 @@ bool cvm_graph_quiet(struct cuvmm_ctx *ctx, int device)
 	if (atomic_load(&g->ncaptures) == 0)
 		return true;
 	pthread_mutex_lock(&g->lock);
-	captures_prune(ctx, device);
+	captures_prune(ctx, device, NULL);
 	for (struct cvm_capture *c = g->captures; c && quiet; c = c->next)
 		quiet = c->device != device;
 	pthread_mutex_unlock(&g->lock);
@@ -387,14 +394,8 @@ int cuvmm_capture_pool(struct cuvmm_ctx *ctx, int device, CUstream stream, uint6
 		while (from->head.gnext != &from->head) {
 			struct cvm_gblock *b = from->head.gnext;
 
-			b->gprev->gnext = b->gnext;
-			b->gnext->gprev = b->gprev;
-			b->gp = to;
-			b->gnext = &to->head;
-			b->gprev = to->head.gprev;
-			to->head.gprev->gnext = b;
-			to->head.gprev = b;
-			to->nblocks++;
+			block_list_remove(b);
+			block_list_add(to, b);
 		}
 		for (pp = &g->pools; *pp != from; pp = &(*pp)->next)
 			;
@@ -419,7 +420,7 @@ int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool)
 		return CUVMM_EINVAL;
 	g = &ctx->graphs;
 	pthread_mutex_lock(&g->lock);
-	captures_prune(ctx, -1);
+	captures_prune(ctx, -1, NULL);
 	for (pp = &g->pools; *pp && (*pp)->id != graph_pool; pp = &(*pp)->next)
 		;
 	gp = *pp;

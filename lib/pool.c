@@ -1169,11 +1169,10 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 			if (err)
 				return err;
 		}
+		/* Under capture it always decides (1 or an error); outside, 0 leaves the free to the pool. */
 		err = cvm_graph_free(p->r.ctx, p, ptr, stream, cap, bytes);
-		if (err > 0)
-			return CUVMM_OK;
-		if (err < 0 || cap)
-			return err < 0 ? err : CUVMM_EINVAL; /* under capture, not a live allocation */
+		if (err)
+			return err > 0 ? CUVMM_OK : err;
 	}
 	g = (a - p->r.base) >> p->r.gshift;
 	pthread_mutex_lock(&p->r.lock);
@@ -1181,13 +1180,12 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		err = CUVMM_ESTATE;
 		goto out;
 	}
-	run = p->edge[g];
-	s = run && run->kind == CVM_RUN_SLAB ? slab_of(p, a, &slot) : NULL;
-	if (s ? !(s->live[slot / 64] & ((uint64_t)1 << (slot % 64)))
-	      : (!run || run->kind != CVM_RUN_USED || run->start != g || (a & (p->r.gran - 1)))) {
+	if (!live_bytes_locked(p, a)) {
 		err = CUVMM_EINVAL; /* not an allocation of this pool, or freed already */
 		goto out;
 	}
+	run = p->edge[g];
+	s = run->kind == CVM_RUN_SLAB ? slab_of(p, a, &slot) : NULL;
 	if (async && stream) {
 		/* Fence the free on the stream; on failure nothing has changed yet. */
 		err = cvm_region_event_get_locked(&p->r, &ev);
