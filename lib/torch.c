@@ -221,7 +221,6 @@ int cuvmm_torch_pool(const char *name, int device, struct cuvmm_pool **out)
 void *cuvmm_torch_malloc(size_t size, int device, void *stream)
 {
 	struct cuvmm_pool *p;
-	struct cuvmm_stats st = {.size = sizeof(st)};
 	struct tdev *td;
 	void *ptr = NULL;
 	int err;
@@ -248,8 +247,8 @@ void *cuvmm_torch_malloc(size_t size, int device, void *stream)
 	max_store(&td->n_peak, atomic_fetch_add(&td->n_cur, 1) + 1);
 	atomic_fetch_add(&td->total_alloc, size);
 	atomic_fetch_add(&td->n_alloc, 1);
-	if (!cuvmm_ctx_stats(p->r.ctx, device, &st))
-		max_store(&td->peak_held, st.held_bytes);
+	/* One atomic load: the statistics call would take the device's account lock on every allocation. */
+	max_store(&td->peak_held, atomic_load_explicit(&p->r.dev->acct.held, memory_order_relaxed));
 	return ptr;
 }
 

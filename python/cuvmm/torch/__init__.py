@@ -113,9 +113,7 @@ def _raw_stats(device):
 
 
 def _memory_stats(device):
-    torch = _torch()
-    device = torch.cuda._utils._get_device_index(device, optional=True)
-    s = _raw_stats(device)
+    s = _raw_stats(_device_index(device))
     bytes_ = _pools(s.allocated_bytes, s.peak_allocated_bytes, s.allocated_bytes_total, s.freed_bytes_total)
     counts = _pools(s.allocations, s.peak_allocations, s.allocation_count, s.free_count)
     reserved = _pools(s.reserved_bytes, s.peak_reserved_bytes, 0, 0)
@@ -166,9 +164,7 @@ def _empty_cache():
 def stats(device=None):
     """cuvmm's figures for a device (the current one by default) as a dict: PyTorch's allocated/reserved
     in cuvmm's terms, and the context's held/mapped/live bytes."""
-    torch = _torch()
-    device = torch.cuda._utils._get_device_index(device, optional=True)
-    s = _raw_stats(device)
+    s = _raw_stats(_device_index(device))
     out = {name: getattr(s, name) for name, _ in TorchStats._fields_ if name != "size"}
     return out
 
