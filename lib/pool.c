@@ -361,15 +361,15 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		next = run->lnext;
 		cvm_free_to_va(p, run);
 	}
-	if (p->r.npending)
+	if (cvm_region_pending_locked(&p->r))
 		cvm_region_process_locked(&p->r, cvm_now_ns(), false);
-	if (p->ndq || p->pend.lnext != &p->pend || p->free_bytes || p->r.npending) {
+	if (p->ndq || p->pend.lnext != &p->pend || p->free_bytes || cvm_region_pending_locked(&p->r)) {
 		err = CUVMM_EBUSY; /* work submitted meanwhile, or an unmap the driver refused */
 		goto out;
 	}
 	err = cvm_region_sleep_locked(&p->r, mode, stream);
 	/* (not with chunks quarantined by a refused unmap: the wake takes them back as recorded) */
-	if (!err && !p->r.npending) {
+	if (!err && !cvm_region_pending_locked(&p->r)) {
 		/* A pool that sleeps holds weights, or something as long-lived: the wake maps each allocation of
 		 * 32 granules or more with handles of about k/16 granules (a power of two, up to 128 MiB), 16 to
 		 * 32 per allocation instead of k, for the wake and every later sleep. Run boundaries stay chunk

@@ -17,14 +17,14 @@
 static size_t cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k)
 {
 	size_t c = run->start + k, ext;
-	struct cvm_chunk *ch;
 
 	if (k > run->len)
 		return 0;
-	if (k == run->len || p->r.slot[c].chunk != p->r.slot[c - 1].chunk)
+	if (k == run->len)
 		return k;
-	ch = p->r.slot[c - 1].chunk;
-	ext = (((c - 1) | (((size_t)1 << ch->cls) - 1)) + 1) - c;
+	ext = cvm_region_chunk_end_locked(&p->r, c - 1) - c;
+	if (!ext)
+		return k; /* a chunk boundary */
 	if (ext > (k / 16 > 1 ? k / 16 : 1) || k + ext > run->len)
 		return 0;
 	return k + ext;

@@ -68,17 +68,10 @@ static void window_roll(struct cuvmm_pool *p, uint64_t now)
 /* Unmap a FREE run (settled, safe) and turn it into VA. */
 void cvm_free_to_va(struct cuvmm_pool *p, struct cvm_run *run)
 {
-	struct cvm_fence *f;
-
-	/* A NULL stream fence is complete: the caller established safety (epoch or event). */
-	if (cvm_region_fence_locked(&p->r, NULL, &f))
-		return; /* no memory for the fence: leave it mapped, a later pass retries */
+	/* Safe: the caller established it (epoch or event). The chunks have been idle since the run was freed. */
+	if (cvm_region_release_locked(&p->r, run->start, run->len, run->freed_ns))
+		return; /* no memory for the bookkeeping: leave it mapped, a later pass retries */
 	cvm_free_unlink(p, run);
-	/* The chunks have been idle since the run was freed: they carry that into the device's cache. */
-	for (size_t g = run->start; g < run->start + run->len; g++)
-		if (p->r.slot[g].chunk)
-			p->r.slot[g].chunk->freed_ns = run->freed_ns;
-	cvm_region_unmap_locked(&p->r, run->start, run->len, f);
 	run->kind = CVM_RUN_VA;
 	run->epoch = 0;
 	cvm_bin_insert(p, run);
@@ -122,7 +115,7 @@ bool cvm_steal_slack(struct cuvmm_pool *p, size_t cap)
 		else
 			unsafe = true;
 	}
-	if (p->r.npending)
+	if (cvm_region_pending_locked(&p->r))
 		cvm_region_process_locked(&p->r, cvm_now_ns(), false);
 	return unsafe;
 }
@@ -137,17 +130,22 @@ bool cvm_steal_slack(struct cuvmm_pool *p, size_t cap)
  */
 static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 {
-	struct cuvmm_region *r = &p->r;
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_granules *v;
 	struct cvm_run *run;
-	size_t n = 0, i;
-	struct { size_t g; struct cvm_chunk *c; uint64_t since; int err; } *v;
+	size_t n = 0, i = 0;
 
 	for (run = going; run; run = run->lnext)
-		for (size_t g = run->start; g < run->start + run->len; g += cvm_span(r, r->slot[g].chunk))
-			n++;
+		n++;
 	v = malloc((n ? n : 1) * sizeof(*v));
-	if (!v) {
+	if (v) {
+		for (run = going; run; run = run->lnext, i++) {
+			v[i].first = run->start;
+			v[i].n = run->len;
+			v[i].since = run->freed_ns;
+		}
+	}
+	if (!v || cvm_region_unmap_now_locked(&p->r, v, n)) {
+		free(v);
 		/* No memory for the list: unmap them the slow way, under the lock. */
 		for (run = going; run; run = going) {
 			going = run->lnext;
@@ -157,36 +155,6 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 			cvm_free_to_va(p, run);
 		}
 		return;
-	}
-	i = 0;
-	for (run = going; run; run = run->lnext)
-		for (size_t g = run->start; g < run->start + run->len; g += cvm_span(r, r->slot[g].chunk)) {
-			v[i].g = g;
-			v[i].c = r->slot[g].chunk;
-			v[i].since = run->freed_ns;
-			i++;
-		}
-	pthread_mutex_unlock(&r->lock);
-	for (i = 0; i < n; i++)
-		v[i].err = cvm_drv_unmap(d, &r->cnt, r->dev->index, r->base + (v[i].g << r->gshift), v[i].c->size);
-	pthread_mutex_lock(&r->lock);
-	for (i = 0; i < n; i++) {
-		size_t span = cvm_span(r, v[i].c);
-
-		cvm_acct_live(&r->acct, -(int64_t)(span << r->gshift));
-		if (v[i].err) {
-			for (size_t j = 0; j < span; j++)
-				r->slot[v[i].g + j].state = CVM_SLOT_DONE;
-			r->npending += span;
-			continue;
-		}
-		for (size_t j = 0; j < span; j++) {
-			r->slot[v[i].g + j].chunk = NULL;
-			r->slot[v[i].g + j].state = CVM_SLOT_UNMAPPED;
-		}
-		cvm_acct_map(&r->acct, -(int64_t)v[i].c->size);
-		v[i].c->freed_ns = v[i].since;
-		cvm_phys_put(&r->dev->phys, v[i].c);
 	}
 	free(v);
 	for (run = going; run; run = going) {
@@ -311,7 +279,7 @@ again:
 			 keep / 1048576.0);
 	if (p->ndq || p->pend.lnext != &p->pend)
 		deadline = deadline < now + CVM_FENCE_POLL_NS ? deadline : now + CVM_FENCE_POLL_NS;
-	if (p->r.npending) {
+	if (cvm_region_pending_locked(&p->r)) {
 		uint64_t t = cvm_region_process_locked(&p->r, now, force);
 
 		if (t < deadline)
