@@ -17,6 +17,9 @@
  *
  * Frees without a stream are fenced device-wide (epoch tags, see ctx.h); frees on a stream carry an
  * event and are reusable at once on that stream, on others once the event has completed.
+ *
+ * This header is the pool's struct, for the layers that reach it (graph.c, torch.c). The functions the
+ * pool's own files share, and which file does what, are in pool_int.h.
  */
 #ifndef CVM_POOL_H
 #define CVM_POOL_H

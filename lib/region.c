@@ -96,6 +96,29 @@ static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uin
 	}
 }
 
+/*
+ * An unmap the driver refused (the chunk of `span` granules at g, whose granules were not counted pending):
+ * the chunk stays mapped, its granules DONE and counted pending, so that cvm_region_process_locked retries
+ * it (over the whole region once no fence is left). The one place of that rule.
+ */
+static void keep_stuck(struct cuvmm_region *r, size_t g, size_t span)
+{
+	for (size_t i = 0; i < span; i++)
+		r->slot[g + i].state = CVM_SLOT_DONE;
+	r->npending += span;
+}
+
+/* The chunk c at granule g has been unmapped: its slots are empty, its bytes no longer mapped. */
+static void chunk_gone(struct cuvmm_region *r, size_t g, struct cvm_chunk *c)
+{
+	for (size_t i = 0; i < cvm_span(r, c); i++) {
+		r->slot[g + i].chunk = NULL;
+		r->slot[g + i].state = CVM_SLOT_UNMAPPED;
+		r->slot[g + i].noacc = 0;
+	}
+	cvm_acct_map(&r->acct, -(int64_t)c->size);
+}
+
 void cvm_region_quarantine_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c)
 {
 	size_t span = cvm_span(r, c);
@@ -104,11 +127,10 @@ void cvm_region_quarantine_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 		slot_va(r, g));
 	for (size_t i = 0; i < span; i++) {
 		r->slot[g + i].chunk = c;
-		r->slot[g + i].state = CVM_SLOT_DONE;
 		r->slot[g + i].pend = 0;
 		r->slot[g + i].noacc = 1;
 	}
-	r->npending += span;
+	keep_stuck(r, g, span);
 }
 
 int cvm_region_grant_locked(struct cuvmm_region *r, size_t g)
@@ -139,12 +161,7 @@ int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 			cuvmm_strerror(err), cuvmm_last_driver_error());
 		return err;
 	}
-	for (size_t i = 0; i < cvm_span(r, c); i++) {
-		r->slot[g + i].chunk = NULL;
-		r->slot[g + i].state = CVM_SLOT_UNMAPPED;
-		r->slot[g + i].noacc = 0;
-	}
-	cvm_acct_map(&r->acct, -(int64_t)c->size);
+	chunk_gone(r, g, c);
 	if (keep)
 		*keep = c;
 	else
@@ -320,7 +337,7 @@ static int unmap_done(struct cuvmm_region *r, size_t first, size_t end)
 			;
 		if (i == span) {
 			if (chunk_unmap(r, g))
-				stuck = 1;
+				stuck = 1; /* DONE and counted pending already: keep_stuck's rule holds */
 			else
 				r->npending -= span;
 		}
@@ -394,6 +411,73 @@ size_t cvm_region_count_locked(struct cuvmm_region *r, size_t first, size_t n, e
 	for (size_t g = first; g < first + n; g++)
 		k += r->slot[g].state == st;
 	return k;
+}
+
+/* ----- for allocators that unmap what they freed (pool) ----- */
+
+size_t cvm_region_chunk_end_locked(const struct cuvmm_region *r, size_t g)
+{
+	const struct cvm_chunk *c = r->slot[g].chunk;
+
+	return c ? (g | (cvm_span(r, c) - 1)) + 1 : g + 1; /* chunks sit on their own alignment */
+}
+
+int cvm_region_release_locked(struct cuvmm_region *r, size_t first, size_t n, uint64_t since)
+{
+	struct cvm_fence *f;
+	int err;
+
+	/* A fence without a stream is complete: the caller established that no work touches the granules. */
+	err = cvm_region_fence_locked(r, NULL, &f);
+	if (err)
+		return err;
+	/* The chunks have been idle since `since`: they carry that into the device's cache. */
+	for (size_t g = first; g < first + n; g++)
+		if (r->slot[g].chunk)
+			r->slot[g].chunk->freed_ns = since;
+	cvm_region_unmap_locked(r, first, n, f);
+	return CUVMM_OK;
+}
+
+int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granules *v, size_t nv)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct { size_t g; struct cvm_chunk *c; uint64_t since; int err; } *u;
+	size_t n = 0, i = 0;
+
+	for (size_t k = 0; k < nv; k++)
+		for (size_t g = v[k].first; g < v[k].first + v[k].n; g = cvm_region_chunk_end_locked(r, g))
+			n += r->slot[g].chunk != NULL;
+	u = malloc((n ? n : 1) * sizeof(*u));
+	if (!u)
+		return CUVMM_ENOMEM;
+	for (size_t k = 0; k < nv; k++)
+		for (size_t g = v[k].first; g < v[k].first + v[k].n; g = cvm_region_chunk_end_locked(r, g)) {
+			if (!r->slot[g].chunk)
+				continue;
+			u[i].g = g;
+			u[i].c = r->slot[g].chunk;
+			u[i].since = v[k].since;
+			i++;
+		}
+	pthread_mutex_unlock(&r->lock);
+	for (i = 0; i < n; i++)
+		u[i].err = cvm_drv_unmap(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, u[i].g), u[i].c->size);
+	pthread_mutex_lock(&r->lock);
+	for (i = 0; i < n; i++) {
+		size_t span = cvm_span(r, u[i].c);
+
+		cvm_acct_live(&r->acct, -(int64_t)(span << r->gshift));
+		if (u[i].err) {
+			keep_stuck(r, u[i].g, span);
+			continue;
+		}
+		chunk_gone(r, u[i].g, u[i].c);
+		u[i].c->freed_ns = u[i].since;
+		cvm_phys_put(&r->dev->phys, u[i].c);
+	}
+	free(u);
+	return CUVMM_OK;
 }
 
 /* ----- lifetime ----- */

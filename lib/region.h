@@ -141,4 +141,30 @@ int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 /* Is any granule of [first, first+n) in the given state? */
 size_t cvm_region_count_locked(struct cuvmm_region *r, size_t first, size_t n, enum cvm_slot_state st);
 
+/*
+ * For an allocator that hands out the region's granules and unmaps them once they are free (pool.c): it
+ * never touches the slots itself.
+ */
+/* Granules waiting to be unmapped (PENDING or DONE, including unmaps the driver refused, to be retried). */
+static inline size_t cvm_region_pending_locked(const struct cuvmm_region *r)
+{
+	return r->npending;
+}
+/* The granule after the chunk mapped at granule g (g + 1 where nothing is mapped): whether a cut at granule
+ * c falls between chunks is cvm_region_chunk_end_locked(r, c - 1) == c. */
+size_t cvm_region_chunk_end_locked(const struct cuvmm_region *r, size_t g);
+/* The MAPPED granules [first, first+n), which no GPU work touches any more (the caller established it), are
+ * to be unmapped: by the next cvm_region_process_locked, their chunks idle since `since` into the device's
+ * cache. CUVMM_ENOMEM, nothing changed, when there is no memory for the bookkeeping. */
+int cvm_region_release_locked(struct cuvmm_region *r, size_t first, size_t n, uint64_t since);
+struct cvm_granules {
+	size_t first, n;
+	uint64_t since; /* idle since (ns): the chunks carry it into the device's cache */
+};
+/* Unmap now, with r->lock dropped around the driver calls, the chunks of the granule ranges v[0..nv): MAPPED,
+ * whole chunks, no GPU work touching them, and kept from every other use by the caller meanwhile. Called with
+ * the lock held, returns with it held. A chunk the driver refuses stays mapped, DONE, for a later pass to
+ * retry. CUVMM_ENOMEM, nothing done and the lock kept, when there is no memory for the list. */
+int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granules *v, size_t nv);
+
 #endif /* CVM_REGION_H */
