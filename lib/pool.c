@@ -65,7 +65,7 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return CUVMM_ENOMEM;
-	err = cvm_region_init(&p->r, ctx, cfg->device, max, 0);
+	err = cvm_region_init_peers(&p->r, ctx, cfg->device, max, 0, cfg->peer_access);
 	if (err) {
 		free(p);
 		return err;

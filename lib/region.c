@@ -1,5 +1,9 @@
 /*
  * Regions: reserved address ranges mapped on demand, with fenced unmaps. See region.h.
+ *
+ * Access: every mapping of the library (a region's, a pool's, a kv object's, a wake's) is granted here, by
+ * region_access, to the region's device and its peers (r->peers); cuvmm_ctx_add_peer grants a new peer
+ * what every region of a device has mapped already.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +88,12 @@ void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_fence *f)
 
 /* ----- mapping ----- */
 
+/* Grant [va, va+size) to the devices that get access to the region's memory: the one place that does. */
+static int region_access(struct cuvmm_region *r, uintptr_t va, size_t size)
+{
+	return cvm_drv_set_access_devs(CVM_DRV(r->dev), &r->cnt, r->dev->index, r->peers, va, size);
+}
+
 static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state)
 {
 	size_t n = cvm_span(r, c);
@@ -143,7 +153,7 @@ int cvm_region_grant_locked(struct cuvmm_region *r, size_t g)
 		return CUVMM_OK;
 	span = cvm_span(r, c);
 	first = g & ~(span - 1); /* chunks sit on their own alignment */
-	err = cvm_drv_set_access(CVM_DRV(r->dev), &r->cnt, r->dev->index, (uintptr_t)slot_va(r, first), c->size);
+	err = region_access(r, (uintptr_t)slot_va(r, first), c->size);
 	if (err)
 		return err;
 	for (size_t i = 0; i < span; i++)
@@ -179,7 +189,7 @@ int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chu
 		cvm_phys_undo(&r->dev->phys, c);
 		return err;
 	}
-	err = cvm_drv_set_access(d, &r->cnt, r->dev->index, va, c->size);
+	err = region_access(r, va, c->size);
 	if (err) {
 		if (cvm_drv_unmap(d, &r->cnt, r->dev->index, va, c->size)) {
 			/* Still mapped: it must not reach the cache (another object would map it twice). */
@@ -265,7 +275,7 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 			slots_set(r, j, c, CVM_SLOT_NEW);
 			j += (size_t)1 << cls;
 		}
-		err = cvm_drv_set_access(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, g), (run - g) << r->gshift);
+		err = region_access(r, (uintptr_t)slot_va(r, g), (run - g) << r->gshift);
 		if (err)
 			goto undo;
 		newly += run - g;
@@ -507,7 +517,37 @@ static void region_client_stats(struct cvm_client *c, struct cuvmm_stats *out, c
 static const struct cvm_client_ops region_ops = {.reclaim = region_reclaim, .stats = region_client_stats,
 						 .kind = "region"};
 
+/* Join the device's list of regions, taking the peers added to the device meanwhile. */
+static void dev_link(struct cuvmm_region *r)
+{
+	struct cvm_dev *dev = r->dev;
+
+	pthread_mutex_lock(&dev->regions_lock);
+	r->peers |= dev->peers_added;
+	r->dev_next = dev->regions;
+	r->dev_prev = &dev->regions;
+	if (dev->regions)
+		dev->regions->dev_prev = &r->dev_next;
+	dev->regions = r;
+	pthread_mutex_unlock(&dev->regions_lock);
+}
+
+static void dev_unlink(struct cuvmm_region *r)
+{
+	pthread_mutex_lock(&r->dev->regions_lock);
+	*r->dev_prev = r->dev_next;
+	if (r->dev_next)
+		r->dev_next->dev_prev = r->dev_prev;
+	pthread_mutex_unlock(&r->dev->regions_lock);
+}
+
 int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran)
+{
+	return cvm_region_init_peers(r, ctx, device, max_bytes, gran, 0);
+}
+
+int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran,
+			  uint64_t peers)
 {
 	struct cvm_dev *dev;
 	size_t size;
@@ -515,6 +555,9 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 	int err;
 
 	err = cvm_ctx_dev(ctx, device, &dev);
+	if (err)
+		return err;
+	err = cvm_ctx_peers(ctx, device, peers ? peers : ctx->cfg.peer_access, &peers);
 	if (err)
 		return err;
 	if (!gran)
@@ -534,6 +577,7 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 	r->gran = gran;
 	r->gshift = (unsigned)__builtin_ctzll(gran);
 	r->cls0 = (uint8_t)cls0;
+	r->peers = peers;
 	r->size = size;
 	r->npages = size >> r->gshift;
 	r->acct.parent = &dev->acct;
@@ -553,6 +597,7 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 		goto fail;
 	}
 	cvm_acct_reserved(&r->acct, (int64_t)size);
+	dev_link(r);
 	return CUVMM_OK;
 fail:
 	if (cvm_drv_unreserve(CVM_DRV(dev), device, r->base, size))
@@ -566,6 +611,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 {
 	struct cvm_drv *d = CVM_DRV(r->dev);
 
+	dev_unlink(r);
 	pthread_mutex_lock(&r->lock);
 	if (r->npending)
 		cvm_region_process_locked(r, cvm_now_ns(), true);
@@ -788,4 +834,74 @@ int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out)
 		return CUVMM_EINVAL;
 	cvm_acct_fill(&r->acct, &r->cnt, out);
 	return CUVMM_OK;
+}
+
+/* ----- peers ----- */
+
+/* Grant `peer` everything the region has mapped (live, or pending its unmap: a kernel of the peer may
+ * still read it), run by run. Quarantined chunks are left to cvm_region_grant_locked, which grants r->peers
+ * when they are taken back. On failure r->peers is unchanged (some runs may be granted already). */
+static int region_add_peer_locked(struct cuvmm_region *r, int peer)
+{
+	uint64_t bit = (uint64_t)1 << peer;
+
+	if (r->peers & bit)
+		return CUVMM_OK;
+	for (size_t g = 0; g < r->npages;) {
+		size_t run = g;
+		int err;
+
+		while (run < r->npages && r->slot[run].chunk && r->slot[run].state != CVM_SLOT_UNMAPPED &&
+		       !r->slot[run].noacc)
+			run++;
+		if (run == g) {
+			g++;
+			continue;
+		}
+		err = cvm_drv_set_access_devs(CVM_DRV(r->dev), &r->cnt, r->dev->index, bit, (uintptr_t)slot_va(r, g),
+					      (run - g) << r->gshift);
+		if (err)
+			return err;
+		g = run;
+	}
+	r->peers |= bit;
+	return CUVMM_OK;
+}
+
+int cuvmm_ctx_add_peer(struct cuvmm_ctx *ctx, int device, int peer)
+{
+	struct cvm_dev *dev;
+	uint64_t peers;
+	int err;
+
+	if (!ctx || device < 0 || device >= ctx->ndev || peer < 0 || peer >= ctx->ndev)
+		return CUVMM_EINVAL;
+	err = cvm_ctx_dev(ctx, device, &dev);
+	if (!err)
+		err = cvm_ctx_peers(ctx, device, (uint64_t)1 << peer, &peers);
+	if (err)
+		return err;
+	pthread_mutex_lock(&dev->regions_lock);
+	for (struct cuvmm_region *r = dev->regions; r && !err; r = r->dev_next) {
+		pthread_mutex_lock(&r->lock);
+		err = region_add_peer_locked(r, peer);
+		pthread_mutex_unlock(&r->lock);
+	}
+	if (!err)
+		dev->peers_added |= (uint64_t)1 << peer;
+	pthread_mutex_unlock(&dev->regions_lock);
+	cvm_ctx_poll(ctx);
+	return err;
+}
+
+uint64_t cuvmm_region_peers(struct cuvmm_region *r)
+{
+	uint64_t peers;
+
+	if (!r)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	peers = r->peers;
+	pthread_mutex_unlock(&r->lock);
+	return peers;
 }

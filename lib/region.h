@@ -79,6 +79,8 @@ struct cuvmm_region {
 	size_t host_keep_bytes;
 	struct cvm_acct acct;
 	struct cvm_drv_counters cnt;
+	uint64_t peers;       /* devices granted access to every mapping (bit i: device i; its own included) */
+	struct cuvmm_region *dev_next, **dev_prev; /* in dev->regions */
 };
 
 /*
@@ -103,6 +105,11 @@ static inline size_t cvm_span(const struct cuvmm_region *r, const struct cvm_chu
 /* Create a region without registering it as a client (for objects that own one and reclaim it).
  * gran: its unit of mapping, a power of two >= the device granularity; 0: the device granularity. */
 int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran);
+/* The same with the devices to grant access to its memory: `peers` as a pool or kv config's peer_access
+ * (0: the context's peer_access), plus those cuvmm_ctx_add_peer added to the device. CUVMM_ENOTSUP where
+ * one cannot access the device's memory (nothing reserved then). */
+int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran,
+			  uint64_t peers);
 void cvm_region_fini(struct cuvmm_region *r);
 
 /* Map granules [first, first+n) that are not mapped (UNMAPPED), using chunks of up to 2^max_cls slots where a
