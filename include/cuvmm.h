@@ -902,11 +902,13 @@ CUVMM_API int cuvmm_torch_reset_totals(int device);
 	X(STREAM_WAIT, "cuStreamWaitEvent")                                                                  \
 	X(HOST_ALLOC, "cuMemHostAlloc")                                                                      \
 	X(COPY, "cuMemcpyAsync")                                                                             \
-	X(CAPTURE_INFO, "cuStreamGetCaptureInfo")
+	X(CAPTURE_INFO, "cuStreamGetCaptureInfo")                                                            \
+	X(HOST_REGISTER, "cuMemHostRegister")
 
 /** The driver calls that can be made to fail (CUVMM_CALL_LIST): CUVMM_CALL_RESERVE (cuMemAddressReserve),
  * ..., CUVMM_CALL_HOST_ALLOC (pinned staging memory), CUVMM_CALL_COPY (the copies of sleep and wake),
- * CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?). */
+ * CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?), CUVMM_CALL_HOST_REGISTER (the
+ * pinning of a sleep's host copy, piece by piece). */
 enum cuvmm_call {
 #define CUVMM_CALL_ENUM_(name, fn) CUVMM_CALL_##name,
 	CUVMM_CALL_LIST(CUVMM_CALL_ENUM_)

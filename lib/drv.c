@@ -361,3 +361,16 @@ int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id
 	}
 	return PLAIN(d, CUVMM_CALL_CAPTURE_INFO, d->be->capture_id(d->state, dev, stream, id));
 }
+
+int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size)
+{
+	return PLAIN(d, CUVMM_CALL_HOST_REGISTER, d->be->host_register(d->state, p, size));
+}
+
+void cvm_drv_host_unregister(struct cvm_drv *d, void *p)
+{
+	int cu = d->be->host_unregister(d->state, p);
+
+	if (cu)
+		cvm_warn("unregistering pinned host memory failed (CUresult %d)", cu);
+}
