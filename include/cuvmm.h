@@ -660,7 +660,8 @@ enum cuvmm_sleep_mode {
  * @param[in] stream the work that must complete before the contents are copied or dropped; NULL: all
  *            work on the device (this synchronises the device)
  * @return CUVMM_OK; CUVMM_EINVAL for a NULL region or an unknown mode; CUVMM_ESTATE if it sleeps already;
- *         CUVMM_ENOMEM if no pinned host memory could be had; CUVMM_EDRIVER if a copy or unmap failed
+ *         CUVMM_ENOMEM if no pinned host memory could be had (or it would pass $CUVMM_SLEEP_HOST_LIMIT);
+ *         CUVMM_EDRIVER if a copy, an unmap or the pinning of the host copy failed
  */
 CUVMM_API int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
 
