@@ -1,6 +1,7 @@
 /*
  * Physical memory of one device: chunk cache and byte accounting. See phys.h for the contract.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,9 +160,10 @@ int cvm_phys_init(struct cvm_phys *p, const struct cvm_phys_params *par)
 	return CUVMM_OK;
 }
 
-/* Release a chunk to the driver; the caller has taken it out of the cache and holds no lock. Returns
- * the bytes given back: 0 when the driver refused (the chunk is then cached again, still held). */
-static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
+/* Release a chunk to the driver; the caller holds no lock, and has taken it out of the cache (`taken`:
+ * counted in p->releasing) or has it from its holder. Returns the bytes given back: 0 when the driver
+ * refused (the chunk is then cached again, still held). */
+static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c, bool taken)
 {
 	size_t size = c->size;
 	int err = cvm_drv_release(p->drv, p->cnt, p->device, c->h);
@@ -173,6 +175,7 @@ static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
 		atomic_fetch_add(&p->release_failures, 1);
 		pthread_mutex_lock(&p->lock);
 		cache_insert(p, c);
+		p->releasing -= taken;
 		pthread_mutex_unlock(&p->lock);
 		return 0;
 	}
@@ -181,6 +184,7 @@ static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
 	cvm_acct_held(p->acct, -(int64_t)size);
 	pthread_mutex_lock(&p->lock);
 	p->held -= size;
+	p->releasing -= taken;
 	pthread_mutex_unlock(&p->lock);
 	free(c);
 	return size;
@@ -199,6 +203,7 @@ static struct cvm_chunk *take_oldest(struct cvm_phys *p, size_t bytes, int skip_
 		if (c->cls != skip_cls) {
 			got += c->size;
 			cache_remove(p, c);
+			p->releasing++;
 			c->anext = chain;
 			chain = c;
 		}
@@ -214,7 +219,7 @@ static size_t release_chain(struct cvm_phys *p, struct cvm_chunk *chain)
 	while (chain) {
 		struct cvm_chunk *next = chain->anext;
 
-		freed += chunk_release(p, chain);
+		freed += chunk_release(p, chain, true);
 		chain = next;
 	}
 	return freed;
@@ -298,13 +303,13 @@ fail:
 
 void cvm_phys_release(struct cvm_phys *p, struct cvm_chunk *c)
 {
-	(void)chunk_release(p, c);
+	(void)chunk_release(p, c, false);
 }
 
 void cvm_phys_undo(struct cvm_phys *p, struct cvm_chunk *c)
 {
 	if (c->created)
-		chunk_release(p, c);
+		chunk_release(p, c, false);
 	else
 		cvm_phys_put(p, c);
 }
@@ -336,7 +341,15 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 	unsigned n = 0;
 
 	if (force) {
+		/* Everything beyond keep_bytes means what another thread is releasing too: wait for it (a trim
+		 * must not return while that still counts as held, and a chunk the driver refused it comes back
+		 * to the cache for this pass). Those releases take no lock the caller may hold. */
 		pthread_mutex_lock(&p->lock);
+		while (p->releasing) {
+			pthread_mutex_unlock(&p->lock);
+			sched_yield();
+			pthread_mutex_lock(&p->lock);
+		}
 	} else {
 		if (cvm_policy_never(pol))
 			return UINT64_MAX;
@@ -352,6 +365,7 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 			break;
 		}
 		cache_remove(p, c);
+		p->releasing++;
 		c->anext = chain;
 		chain = c;
 		gone += c->size;

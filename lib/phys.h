@@ -96,6 +96,7 @@ struct cvm_phys {
 	size_t held;                            /* created and not released: cached + in use + being released */
 	size_t cached;                          /* in the cache */
 	size_t ncached;                         /* chunks in the cache */
+	size_t releasing;                       /* taken out of the cache, their release under way */
 	_Atomic uint64_t release_failures;      /* releases the driver refused (the chunks stay cached) */
 	struct cvm_chunk cls[CVM_NCLASS];       /* list heads of the per-class caches */
 	struct cvm_chunk age;                   /* list head of the age list */
