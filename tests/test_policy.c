@@ -11,12 +11,8 @@
 #include "drv.h"
 #include "policy.h"
 
-#define MS 1000000ull /* ns */
-
-static void teardown(void)
-{
-	tc_log_release();
-}
+#define MS 1000000ull       /* ns */
+#define G (2 * TC_MiB)      /* the granularity on both backends (host default, H200) */
 
 /* ----- the policy's answers ----- */
 
@@ -136,18 +132,6 @@ END_TEST
 enum client { C_REGION, C_POOL, C_KV };
 static const char *const client_name[] = {"region", "pool", "kv"};
 
-static struct cuvmm_ctx *ctx_release(size_t retain, bool background)
-{
-	struct cuvmm_config cfg;
-
-	tc_config(&cfg);
-	cfg.release_delay_ms = DELAY_MS;
-	cfg.retain_bytes = retain;
-	cfg.background_release = background;
-	cfg.device_limit_bytes = 0;
-	return tc_ctx(&cfg);
-}
-
 /* Poll device 0's held every millisecond until it is at most `level` (5 s at most); the time it was first
  * seen there (us), 0 if never. */
 static uint64_t first_seen_at_or_below(struct cuvmm_ctx *ctx, uint64_t level)
@@ -179,32 +163,26 @@ struct fx {
 	uint64_t t0, t1; /* us: before and after the frees */
 };
 
-static size_t granularity(void)
-{
-	struct cuvmm_ctx *ctx = ctx_release(0, true);
-	struct cuvmm_region *r = NULL;
-	size_t g;
-
-	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 1, &r), CUVMM_OK);
-	g = cuvmm_region_granularity(r);
-	cuvmm_region_destroy(r);
-	cuvmm_ctx_destroy(ctx);
-	return g;
-}
-
-/* Give memory to a client of `kind` (at least 8 granules held), retain_bytes two granules. */
+/* Give memory to a client of `kind` (at least 8 granules held), on a context with a DELAY_MS release delay
+ * and retain_bytes of two granules. */
 static struct fx fx_setup(enum client kind, bool background)
 {
+	struct cuvmm_config cfg;
 	struct fx fx;
 
 	memset(&fx, 0, sizeof(fx));
 	fx.kind = kind;
-	fx.g = granularity();
-	fx.retain = 2 * fx.g;
-	fx.ctx = ctx_release(fx.retain, background);
+	fx.g = G;
+	fx.retain = 2 * G;
+	tc_config(&cfg);
+	cfg.release_delay_ms = DELAY_MS;
+	cfg.retain_bytes = fx.retain;
+	cfg.background_release = background;
+	fx.ctx = tc_ctx(&cfg);
 	ck_assert_int_eq(tc_stream_create(&fx.s), 0);
 	/* A region of its own, for a call that runs a pass (an unmap of nothing) without touching the client. */
-	ck_assert_int_eq(cuvmm_region_create(fx.ctx, 0, fx.g, &fx.noticer), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_create(fx.ctx, 0, G, &fx.noticer), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_region_granularity(fx.noticer), G);
 	switch (kind) {
 	case C_REGION:
 		ck_assert_int_eq(cuvmm_region_create(fx.ctx, 0, 16 * fx.g, &fx.r), CUVMM_OK);
@@ -339,17 +317,19 @@ END_TEST
 static Suite *policy_suite(void)
 {
 	Suite *s = suite_create("policy");
-	TCase *tc = tcase_create("core");
+	TCase *answers = tcase_create("answers"), *clients = tcase_create("clients");
 
-	tcase_set_timeout(tc, TC_TIMEOUT);
-	tcase_add_checked_fixture(tc, NULL, teardown);
-	tcase_add_test(tc, test_init);
-	tcase_add_test(tc, test_due_and_deadline);
-	tcase_add_test(tc, test_lead);
-	tcase_add_test(tc, test_recent_window_cap);
-	tcase_add_loop_test(tc, test_back_within_delay, C_REGION, C_KV + 1);
-	tcase_add_loop_test(tc, test_one_pass_after_delay, C_REGION, C_KV + 1);
-	suite_add_tcase(s, tc);
+	/* On a clock the tests choose: no context, no time. */
+	tcase_add_test(answers, test_init);
+	tcase_add_test(answers, test_due_and_deadline);
+	tcase_add_test(answers, test_lead);
+	tcase_add_test(answers, test_recent_window_cap);
+	suite_add_tcase(s, answers);
+	/* On the clock: a context each, about DELAY_MS each. */
+	tcase_set_timeout(clients, TC_TIMEOUT);
+	tcase_add_loop_test(clients, test_back_within_delay, C_REGION, C_KV + 1);
+	tcase_add_loop_test(clients, test_one_pass_after_delay, C_REGION, C_KV + 1);
+	suite_add_tcase(s, clients);
 	return s;
 }
 
