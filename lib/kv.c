@@ -134,16 +134,11 @@ static void unmap_page(struct cuvmm_kv *kv, uint32_t p)
 {
 	for (uint32_t t = 0; t < kv->tensors; t++) {
 		struct cuvmm_region *r = &kv->t[t];
-		struct cvm_fence *f;
 
 		pthread_mutex_lock(&r->lock);
-		/* The caller established that no GPU work touches the page: a complete fence. */
-		if (cvm_region_fence_locked(r, NULL, &f) == CUVMM_OK) {
-			if (r->slot[p].chunk)
-				r->slot[p].chunk->freed_ns = kv->pg[p].empty_ns;
-			cvm_region_unmap_locked(r, p, 1, f);
+		/* The caller established that no GPU work touches the page. */
+		if (cvm_region_release_locked(r, p, 1, kv->pg[p].empty_ns) == CUVMM_OK)
 			cvm_region_process_locked(r, cvm_now_ns(), false);
-		}
 		pthread_mutex_unlock(&r->lock);
 	}
 	bucket_remove(kv, p);
