@@ -193,7 +193,7 @@ static void page_emptied(struct cuvmm_kv *kv, uint32_t p, struct cvm_kv_fence *f
 	struct cvm_kv_page *pg = &kv->pg[p];
 
 	pg->empty_ns = now;
-	pg->epoch = f ? 0 : atomic_load(&kv->dev->epoch);
+	pg->epoch = f ? 0 : atomic_load(&kv->dev->fence.epoch);
 	pg->fence = f;
 	if (f)
 		f->refs++;

@@ -219,7 +219,7 @@ void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream,
 	run->freed_ns = cvm_now_ns();
 	run->stream = ev ? stream : NULL;
 	run->ev = ev;
-	run->epoch = ev ? 0 : atomic_load(&p->r.dev->epoch);
+	run->epoch = ev ? 0 : atomic_load(&p->r.dev->fence.epoch);
 	cvm_free_link(p, run);
 	cvm_coalesce(p, run);
 }
