@@ -46,10 +46,6 @@ uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks);
 int cvm_dev_sync_epoch(struct cvm_dev *dev);
 /* The same without the epoch: every device synchronisation of the library goes through one of these two. */
 int cvm_dev_sync(struct cvm_dev *dev);
-static inline bool cvm_dev_epoch_safe(struct cvm_dev *dev, uint64_t tag)
-{
-	return cvm_fence_epoch_safe(&dev->fence, tag);
-}
 
 /*
  * An object that can give memory back (region, pool, kv). reclaim() unmaps what has been free long enough

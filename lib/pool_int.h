@@ -70,8 +70,9 @@ struct cvm_run *cvm_split_front(struct cuvmm_pool *p, struct cvm_run *run, size_
 bool cvm_free_usable(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream);
 /* Settle up to `max` pending FREE runs whose events have completed. */
 void cvm_settle_pending(struct cuvmm_pool *p, int max);
-/* A USED or SLAB run becomes FREE after a free, fenced by `ev` on `stream` or by the device epoch. */
-void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream, cvm_event ev);
+/* A USED or SLAB run becomes FREE after a free, fenced by f (an event fence, taken over) or, f NULL, by the
+ * device epoch. */
+void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, const struct cvm_fence *f);
 
 /* ----- pool_place.c ----- */
 
@@ -88,9 +89,9 @@ unsigned cvm_large_cls(size_t k);
 void cvm_slab_setup(struct cuvmm_pool *p);
 /* A small allocation (bytes <= small_max). */
 int cvm_slab_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr);
-/* Free the live small allocation at `a`: at once, or, with `ev` (recorded on `stream`, taken over), once
- * the event has completed. */
-void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, CUstream stream, cvm_event ev);
+/* Free the live small allocation at `a`: at once, or, with f (an event fence, taken over), once it has
+ * completed (at once for work on its stream). */
+void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, const struct cvm_fence *f);
 /* The class size of a live small allocation at `a` (a granule of a SLAB run), or 0 if `a` is not one. */
 size_t cvm_slab_live_bytes(struct cuvmm_pool *p, uintptr_t a);
 /* Complete small stream frees whose events are done (oldest first, at most `max` looked at). */

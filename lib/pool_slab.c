@@ -1,7 +1,7 @@
 /*
  * Small allocations: size classes (256-byte steps to 1 KiB, then four steps per doubling), slabs (one
  * granule cut into equal slots of one class, in a SLAB run), and the queue of small frees on streams whose
- * slots become available once their event has completed.
+ * slots become available once their fence (fence.h) has completed.
  */
 #include <stdlib.h>
 
@@ -22,8 +22,7 @@ struct cvm_dfree {
 	struct cvm_dfree *next;
 	void *ptr;
 	uint32_t cls;
-	CUstream stream;
-	cvm_event ev;
+	struct cvm_fence fence; /* an event fence on the stream it was freed on */
 };
 
 /* ----- size classes of small allocations: 256-byte steps to 1 KiB, then four steps per doubling ----- */
@@ -132,7 +131,7 @@ static void slab_put(struct cuvmm_pool *p, struct cvm_slab *s, uint32_t slot)
 
 		partial_remove(p, s);
 		free(s);
-		cvm_run_release(p, run, NULL, NULL);
+		cvm_run_release(p, run, NULL); /* the device epoch */
 	}
 }
 
@@ -173,14 +172,14 @@ void cvm_slab_drain(struct cuvmm_pool *p, int max)
 		struct cvm_slab *s;
 
 		next = d->next;
-		if (cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, d->ev) <= 0) {
+		if (cvm_fence_done(&p->r.dev->fence, &d->fence) <= 0) {
 			prev = d;
 			continue;
 		}
 		dq_remove(p, prev, d);
 		s = slab_of(p, (uintptr_t)d->ptr, &slot);
 		slab_put(p, s, slot);
-		cvm_region_event_put_locked(&p->r, d->ev);
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 	}
 }
@@ -196,13 +195,13 @@ int cvm_slab_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **p
 	for (; stream && d && n < CVM_DQ_SCAN; prev = d, d = d->next, n++) {
 		uint32_t slot;
 
-		if (d->stream != stream || d->cls != cls)
+		if (d->fence.stream != stream || d->cls != cls)
 			continue;
 		dq_remove(p, prev, d);
 		s = slab_of(p, (uintptr_t)d->ptr, &slot);
 		s->live[slot / 64] |= (uint64_t)1 << (slot % 64);
 		*ptr = d->ptr;
-		cvm_region_event_put_locked(&p->r, d->ev);
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 		cvm_pool_live_add(p, (int64_t)class_size(cls));
 		return CUVMM_OK;
@@ -236,27 +235,28 @@ size_t cvm_slab_live_bytes(struct cuvmm_pool *p, uintptr_t a)
 	return s && (s->live[slot / 64] & ((uint64_t)1 << (slot % 64))) ? s->size : 0;
 }
 
-void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, CUstream stream, cvm_event ev)
+void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, const struct cvm_fence *f)
 {
 	uint32_t slot;
 	struct cvm_slab *s = slab_of(p, a, &slot);
 
 	s->live[slot / 64] &= ~((uint64_t)1 << (slot % 64));
 	cvm_pool_live_add(p, -(int64_t)s->size);
-	if (ev) {
+	if (f) {
 		struct cvm_dfree *d = malloc(sizeof(*d));
 
 		if (!d) {
 			/* No memory to remember the fence: wait for it instead. */
-			cvm_drv_event_sync(CVM_DRV(p->r.dev), p->r.dev->index, ev);
-			cvm_region_event_put_locked(&p->r, ev);
+			struct cvm_fence w = *f;
+
+			cvm_fence_wait(&p->r.dev->fence, &w);
+			cvm_fence_clear(&p->r.dev->fence, &w);
 			slab_put(p, s, slot);
 		} else {
 			d->next = NULL;
 			d->ptr = (void *)a;
 			d->cls = s->cls;
-			d->stream = stream;
-			d->ev = ev;
+			d->fence = *f;
 			if (p->dq_tail)
 				p->dq_tail->next = d;
 			else
@@ -275,7 +275,7 @@ void cvm_slab_discard(struct cuvmm_pool *p)
 		struct cvm_dfree *d = p->dq_head;
 
 		p->dq_head = d->next;
-		cvm_region_event_put_locked(&p->r, d->ev);
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 	}
 }

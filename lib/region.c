@@ -20,16 +20,6 @@ static void *slot_va(const struct cuvmm_region *r, size_t g)
 
 /* ----- fences (fence.h: one type, the device's event cache) ----- */
 
-int cvm_region_event_get_locked(struct cuvmm_region *r, cvm_event *ev)
-{
-	return cvm_fence_event_get(&r->dev->fence, ev);
-}
-
-void cvm_region_event_put_locked(struct cuvmm_region *r, cvm_event ev)
-{
-	cvm_fence_event_put(&r->dev->fence, ev);
-}
-
 int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_unmap **out)
 {
 	struct cvm_unmap *u = calloc(1, sizeof(*u));

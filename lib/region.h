@@ -121,9 +121,6 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_unmap **out);
 /* Give back an unmap that ended up unused. */
 void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_unmap *u);
-/* An event from the device's cache (or a new one), and back. */
-int cvm_region_event_get_locked(struct cuvmm_region *r, cvm_event *ev);
-void cvm_region_event_put_locked(struct cuvmm_region *r, cvm_event ev);
 /* Mark MAPPED granules of [first, first+n) PENDING behind unmap u's fence (it takes u over). Chunks that
  * straddle the range's ends are unmapped only once all their granules are pending. */
 void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, struct cvm_unmap *u);
