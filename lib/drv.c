@@ -222,11 +222,6 @@ int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int
 		    d->be->set_access(d->state, dev, va, size, devs | (uint64_t)1 << dev));
 }
 
-int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes)
-{
-	return cvm_drv_err(d->be->mem_info(d->state, dev, free_bytes, total_bytes));
-}
-
 #define PLAIN(d, call, expr)                                                                                 \
 	({                                                                                                   \
 		int inj_ = injected((d), (call));                                                            \
@@ -336,19 +331,6 @@ int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src
 	if (err)
 		return err;
 	return PLAIN(d, CUVMM_CALL_COPY, d->be->copy_htod(d->state, dev, dst, src, size, stream));
-}
-
-int cvm_drv_stream_create(struct cvm_drv *d, int dev, CUstream *stream)
-{
-	return cvm_drv_err(d->be->stream_create(d->state, dev, stream));
-}
-
-void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream)
-{
-	int cu = d->be->stream_destroy(d->state, dev, stream);
-
-	if (cu)
-		cvm_warn("destroying a stream failed (CUresult %d)", cu);
 }
 
 int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream)

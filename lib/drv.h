@@ -60,7 +60,6 @@ struct cvm_backend {
 	 * `devs` (bit i: device i; one CUmemAccessDesc each). `devs` includes `dev`; devices not in it keep
 	 * the access they had. */
 	int (*set_access)(void *state, int dev, uintptr_t va, size_t size, uint64_t devs);
-	int (*mem_info)(void *state, int dev, size_t *free_bytes, size_t *total_bytes);
 
 	/* Ordering with GPU work. query returns 0 (complete), CUDA_ERROR_NOT_READY (600), or an error. */
 	int (*event_create)(void *state, int dev, cvm_event *ev);
@@ -76,8 +75,6 @@ struct cvm_backend {
 	int (*host_free)(void *state, void *p);
 	int (*copy_dtoh)(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
 	int (*copy_htod)(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
-	int (*stream_create)(void *state, int dev, CUstream *stream);
-	int (*stream_destroy)(void *state, int dev, CUstream stream);
 	int (*stream_sync)(void *state, int dev, CUstream stream);
 	/* Is `stream` being captured into a CUDA graph? *id: the capture's id (unique in the process, never 0)
 	 * while a capture is active or was invalidated and not yet ended, else 0. Legal during any capture. */
@@ -142,7 +139,6 @@ int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int
 			    size_t size);
 /* *can: whether device `dev` can access memory on device `peer` (always for dev == peer, with no call). */
 int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can);
-int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes);
 int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev);
 void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream);
@@ -157,8 +153,6 @@ int cvm_drv_host_alloc(struct cvm_drv *d, size_t size, void **p);
 void cvm_drv_host_free(struct cvm_drv *d, void *p);
 int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
 int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
-int cvm_drv_stream_create(struct cvm_drv *d, int dev, CUstream *stream);
-void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream);
 int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream);
 /* CUVMM_ENOTSUP if `stream` is being captured (work queued there would be captured into the graph instead of
  * running); event_record, the copies and stream_sync check it themselves. */

@@ -26,7 +26,7 @@
 #define CVM_CUDA_ABI 12000
 #define CVM_CUDA_MAX_DEVICES 64
 
-/* Entry point types, as of the 12.0 ABI (cuMemGetInfo is cuMemGetInfo_v2, and so on). */
+/* Entry point types, as of the 12.0 ABI (cuDeviceTotalMem is cuDeviceTotalMem_v2, and so on). */
 typedef CUresult (*pfn_cuGetProcAddress)(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
 					 CUdriverProcAddressQueryResult *symbolStatus);
 typedef CUresult (*pfn_cuInit)(unsigned int flags);
@@ -55,15 +55,12 @@ typedef CUresult (*pfn_cuMemMap)(CUdeviceptr ptr, size_t size, size_t offset, CU
 				 unsigned long long flags);
 typedef CUresult (*pfn_cuMemUnmap)(CUdeviceptr ptr, size_t size);
 typedef CUresult (*pfn_cuMemSetAccess)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
-typedef CUresult (*pfn_cuMemGetInfo)(size_t *free_bytes, size_t *total_bytes);
 typedef CUresult (*pfn_cuEventCreate)(CUevent *event, unsigned int flags);
 typedef CUresult (*pfn_cuEventDestroy)(CUevent event);
 typedef CUresult (*pfn_cuEventRecord)(CUevent event, CUstream stream);
 typedef CUresult (*pfn_cuEventQuery)(CUevent event);
 typedef CUresult (*pfn_cuEventSynchronize)(CUevent event);
 typedef CUresult (*pfn_cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
-typedef CUresult (*pfn_cuStreamCreate)(CUstream *stream, unsigned int flags);
-typedef CUresult (*pfn_cuStreamDestroy)(CUstream stream);
 typedef CUresult (*pfn_cuStreamSynchronize)(CUstream stream);
 typedef CUresult (*pfn_cuMemHostAlloc)(void **pp, size_t size, unsigned int flags);
 typedef CUresult (*pfn_cuMemFreeHost)(void *p);
@@ -78,7 +75,7 @@ typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureS
 
 /*
  * The entry points the backend cannot work without. The names are given without their "cu" so that none
- * collides with the versioning macros of cuda.h (cuMemGetInfo -> cuMemGetInfo_v2, ...): the field is the
+ * collides with the versioning macros of cuda.h (cuDeviceTotalMem -> cuDeviceTotalMem_v2, ...): the field is the
  * bare name, the type pfn_cu<name>, the symbol asked for "cu<name>", the base name cuGetProcAddress wants.
  */
 #define CVM_CUDA_ENTRY_POINTS(X)                                                                             \
@@ -102,15 +99,12 @@ typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureS
 	X(MemMap)                                                                                            \
 	X(MemUnmap)                                                                                          \
 	X(MemSetAccess)                                                                                      \
-	X(MemGetInfo)                                                                                        \
 	X(EventCreate)                                                                                       \
 	X(EventDestroy)                                                                                      \
 	X(EventRecord)                                                                                       \
 	X(EventQuery)                                                                                        \
 	X(EventSynchronize)                                                                                  \
 	X(StreamWaitEvent)                                                                                   \
-	X(StreamCreate)                                                                                      \
-	X(StreamDestroy)                                                                                     \
 	X(StreamSynchronize)                                                                                 \
 	X(MemHostAlloc)                                                                                      \
 	X(MemFreeHost)                                                                                       \
@@ -653,27 +647,6 @@ static int cuda_can_access_peer(void *state, int dev, int peer, int *can)
 	return r;
 }
 
-static int cuda_mem_info(void *state, int dev, size_t *free_bytes, size_t *total_bytes)
-{
-	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	size_t f = 0, t = 0;
-	struct cu_scope sc;
-	CUresult r;
-
-	/* cuMemGetInfo reports on the current context's device: the push is what selects the device. */
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemGetInfo(&f, &t);
-	ctx_leave(s, sc);
-	if (r == CUDA_SUCCESS) {
-		*free_bytes = f;
-		*total_bytes = t;
-	}
-	return r;
-}
-
 static int cuda_event_create(void *state, int dev, cvm_event *ev)
 {
 	struct cuda_state *s = state;
@@ -890,41 +863,6 @@ static int cuda_copy_htod(void *state, int dev, uintptr_t dst, const void *src, 
 	return r;
 }
 
-static int cuda_stream_create(void *state, int dev, CUstream *stream)
-{
-	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	CUstream st = NULL;
-	struct cu_scope sc;
-	CUresult r;
-
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	/* Non-blocking: the library's copies must neither wait for nor hold up the application's legacy NULL
-	 * stream. */
-	r = s->fn.StreamCreate(&st, CU_STREAM_NON_BLOCKING);
-	ctx_leave(s, sc);
-	if (r == CUDA_SUCCESS)
-		*stream = st;
-	return r;
-}
-
-static int cuda_stream_destroy(void *state, int dev, CUstream stream)
-{
-	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
-
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.StreamDestroy(stream);
-	ctx_leave(s, sc);
-	return r;
-}
-
 static int cuda_stream_sync(void *state, int dev, CUstream stream)
 {
 	struct cuda_state *s = state;
@@ -978,7 +916,6 @@ const struct cvm_backend cvm_backend_cuda = {
 	.unmap = cuda_unmap,
 	.set_access = cuda_set_access,
 	.can_access_peer = cuda_can_access_peer,
-	.mem_info = cuda_mem_info,
 	.event_create = cuda_event_create,
 	.event_destroy = cuda_event_destroy,
 	.event_record = cuda_event_record,
@@ -990,8 +927,6 @@ const struct cvm_backend cvm_backend_cuda = {
 	.host_free = cuda_host_free,
 	.copy_dtoh = cuda_copy_dtoh,
 	.copy_htod = cuda_copy_htod,
-	.stream_create = cuda_stream_create,
-	.stream_destroy = cuda_stream_destroy,
 	.stream_sync = cuda_stream_sync,
 	.capture_id = cuda_capture_id,
 	.host_register = cuda_host_register,
