@@ -163,34 +163,8 @@ int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id
 int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size);
 void cvm_drv_host_unregister(struct cvm_drv *d, void *p);
 
-/* Host backend test hooks (tests only; no effect on the CUDA backend).
- * While the gate is closed, events recorded by the host backend stay incomplete, as if a kernel were still
- * running; opening it completes them. Lets tests see that unmaps wait for their fence. */
-void cvm_host_gate_close(void);
-void cvm_host_gate_open(void);
-/* Host backend stream capture, modelled on CUDA's rules so that tests see a capture the library would break:
- * while a capture is under way on a stream, a device synchronisation, a synchronisation of that stream, a
- * copy on it, or a query or wait of an event recorded on it invalidates the capture (and fails). begin
- * returns the capture's id; end returns whether the capture survived (false: it was invalidated). */
-uint64_t cvm_host_capture_begin(CUstream stream);
-bool cvm_host_capture_end(CUstream stream);
-/* Several devices (CUVMM_HOST_DEVICES). The gate of one device: events recorded for it stay incomplete while
- * it is closed, and its device synchronisations wait; the other devices run on. (cvm_host_gate_close/open
- * close and open every device's.) A capture begun with _dev is one on a stream of device `dev`: only a
- * synchronisation of that device invalidates it (cvm_host_capture_begin: of any device). */
-void cvm_host_gate_close_dev(int dev);
-void cvm_host_gate_open_dev(int dev);
-uint64_t cvm_host_capture_begin_dev(CUstream stream, int dev);
-/* Threads waiting in the host backend for device `dev`'s gate (event or device synchronisations). */
-unsigned cvm_host_gate_waiters(int dev);
-/* Peer access refused between two devices (process-wide, every host context): while set, device `dev`
- * cannot access memory of `peer` (can_access_peer says 0 and set_access refuses it). */
-void cvm_host_peer_deny(int dev, int peer, bool deny);
-/* The devices with access to the host mapping containing `p` (bit i: device i), in any host context;
- * 0 if none or not mapped. */
-uint64_t cvm_host_access(const void *p);
-/* Host backend: bytes of host memory registered (host_register) and not unregistered, in this process. */
-size_t cvm_host_registered_bytes(void);
+/* The host backend's test hooks (gates, stream capture, peers, registered bytes) are declared in drv_test.h,
+ * for tests only. */
 
 /* Monotonic time in nanoseconds. */
 uint64_t cvm_now_ns(void);

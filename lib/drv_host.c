@@ -11,12 +11,12 @@
  * that, MAP_FIXED and mprotect would quietly do something, and a library bug that fails on a GPU would pass here
  * -- or overwrite unrelated process memory.
  *
- * Work is synchronous, so events complete when recorded, except while the test gate is closed (see drv.h).
+ * Work is synchronous, so events complete when recorded, except while the test gate is closed (drv_test.h).
  *
  * Several devices (cfg->host_devices, CUVMM_HOST_DEVICES): each has its own chunks, gate (its events and
  * synchronisations) and captures; they share the process's address space, as CUDA devices share one
- * unified address space. Each mapping records which devices were granted access to it (cvm_host_access),
- * and every device can access every other's memory unless a test says otherwise (cvm_host_peer_deny).
+ * unified address space. Each mapping records which devices were granted access to it, and every device can
+ * access every other's memory unless a test says otherwise (cvm_host_access, cvm_host_peer_deny: drv_test.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "drv.h"
+#include "drv_test.h"
 #include "log.h"
 
 #define HOST_DEFAULT_GRANULARITY ((size_t)2 << 20)
