@@ -65,7 +65,8 @@ void cvm_drv_set_last(int cu)
 	last_cu = cu;
 }
 
-int cvm_drv_err(int cu)
+/* Translate a CUresult to a CUVMM code, recording it as this thread's last driver error if non-zero. */
+static int cu_to_err(int cu)
 {
 	if (cu == 0)
 		return CUVMM_OK;
@@ -137,12 +138,12 @@ void cvm_drv_close(struct cvm_drv *d)
 
 int cvm_drv_device_count(struct cvm_drv *d, int *count)
 {
-	return cvm_drv_err(d->be->device_count(d->state, count));
+	return cu_to_err(d->be->device_count(d->state, count));
 }
 
 int cvm_drv_device_open(struct cvm_drv *d, int dev, struct cvm_devinfo *info)
 {
-	return cvm_drv_err(d->be->device_open(d->state, dev, info));
+	return cu_to_err(d->be->device_open(d->state, dev, info));
 }
 
 void cvm_drv_device_close(struct cvm_drv *d, int dev)
@@ -159,7 +160,7 @@ static inline int call_begin(struct cvm_drv *d, enum cuvmm_call call, bool timed
 	int inj = injected(d, call);
 
 	if (inj)
-		return cvm_drv_err(inj);
+		return cu_to_err(inj);
 	/* Counted calls are always timed (their time feeds driver_ns); others only for the debug log. */
 	*t0 = timed ? cvm_now_ns() : call_start();
 	return CUVMM_OK;
@@ -196,13 +197,13 @@ static inline int counted(enum cuvmm_call call, struct cvm_drv_counters *cnt, in
 		if (n)
 			atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
 	}
-	return cvm_drv_err(cu);
+	return cu_to_err(cu);
 }
 
 /* The end of a call that is not counted, started at t0 (call_start()): logged and translated. */
 static inline int logged(enum cuvmm_call call, int cu, uint64_t t0)
 {
-	return cvm_drv_err(noted(call, cu, t0));
+	return cu_to_err(noted(call, cu, t0));
 }
 
 int cvm_drv_reserve(struct cvm_drv *d, int dev, size_t size, uintptr_t *va)
@@ -329,7 +330,7 @@ int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev)
 		return 0;
 	if (cu && !inj)
 		noted(CUVMM_CALL_EVENT_QUERY, cu, 0);
-	return cu ? cvm_drv_err(cu) : 1;
+	return cu ? cu_to_err(cu) : 1;
 }
 
 int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev)
@@ -398,7 +399,7 @@ int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream)
 
 	if (err)
 		return err;
-	return cvm_drv_err(d->be->stream_sync(d->state, dev, stream));
+	return cu_to_err(d->be->stream_sync(d->state, dev, stream));
 }
 
 int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id)

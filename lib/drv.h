@@ -118,8 +118,6 @@ struct cvm_drv {
 int cvm_drv_open(struct cvm_drv *d, const struct cuvmm_config *cfg);
 void cvm_drv_close(struct cvm_drv *d);
 
-/* Translate a CUresult to a CUVMM code, recording it as this thread's last driver error if non-zero. */
-int cvm_drv_err(int cu);
 /* Record a CUresult as this thread's last driver error (for errors noticed outside the wrappers). */
 void cvm_drv_set_last(int cu);
 
