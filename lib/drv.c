@@ -357,22 +357,6 @@ int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event e
 	return err ? err : logged(CUVMM_CALL_STREAM_WAIT, d->be->stream_wait(d->state, dev, stream, ev), t0);
 }
 
-int cvm_drv_host_alloc(struct cvm_drv *d, size_t size, void **p)
-{
-	uint64_t t0 = 0;
-	int err = call_begin(d, CUVMM_CALL_HOST_ALLOC, false, &t0);
-
-	return err ? err : logged(CUVMM_CALL_HOST_ALLOC, d->be->host_alloc(d->state, size, p), t0);
-}
-
-void cvm_drv_host_free(struct cvm_drv *d, void *p)
-{
-	int cu = d->be->host_free(d->state, p);
-
-	if (cu)
-		cvm_warn("freeing pinned host memory failed (CUresult %d)", cu);
-}
-
 int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
 	uint64_t t0 = 0;

@@ -70,9 +70,8 @@ struct cvm_backend {
 	int (*device_sync)(void *state, int dev);
 	int (*stream_wait)(void *state, int dev, CUstream stream, cvm_event ev);
 
-	/* Copies for sleep/wake: pinned host memory and asynchronous copies on a stream of the caller's. */
-	int (*host_alloc)(void *state, size_t size, void **p);
-	int (*host_free)(void *state, void *p);
+	/* Copies for sleep/wake: asynchronous, on a stream of the caller's, to and from pinned host memory
+	 * (host_register, below). */
 	int (*copy_dtoh)(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
 	int (*copy_htod)(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
 	int (*stream_sync)(void *state, int dev, CUstream stream);
@@ -147,8 +146,6 @@ int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_device_sync(struct cvm_drv *d, int dev);
 int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event ev);
-int cvm_drv_host_alloc(struct cvm_drv *d, size_t size, void **p);
-void cvm_drv_host_free(struct cvm_drv *d, void *p);
 int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
 int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
 int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream);

@@ -62,8 +62,6 @@ typedef CUresult (*pfn_cuEventQuery)(CUevent event);
 typedef CUresult (*pfn_cuEventSynchronize)(CUevent event);
 typedef CUresult (*pfn_cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
 typedef CUresult (*pfn_cuStreamSynchronize)(CUstream stream);
-typedef CUresult (*pfn_cuMemHostAlloc)(void **pp, size_t size, unsigned int flags);
-typedef CUresult (*pfn_cuMemFreeHost)(void *p);
 typedef CUresult (*pfn_cuMemHostRegister)(void *p, size_t size, unsigned int flags);
 typedef CUresult (*pfn_cuMemHostUnregister)(void *p);
 typedef CUresult (*pfn_cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t size, CUstream stream);
@@ -106,8 +104,6 @@ typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureS
 	X(EventSynchronize)                                                                                  \
 	X(StreamWaitEvent)                                                                                   \
 	X(StreamSynchronize)                                                                                 \
-	X(MemHostAlloc)                                                                                      \
-	X(MemFreeHost)                                                                                       \
 	X(MemcpyDtoHAsync)                                                                                   \
 	X(MemcpyHtoDAsync)                                                                                   \
 	X(ThreadExchangeStreamCaptureMode)                                                                   \
@@ -147,7 +143,7 @@ struct cuda_state {
 	struct cuda_fn fn;
 	int ndev;
 	/* Device 0's primary context, retained for pinned host memory independently of device_open/close
-	 * (pinned memory dies with the context it was allocated in). Set once, by whichever thread wins. */
+	 * (a registration dies with the context it was made in). Set once, by whichever thread wins. */
 	_Atomic(CUcontext) host_ctx;
 	struct cuda_dev dev[CVM_CUDA_MAX_DEVICES];
 };
@@ -276,7 +272,7 @@ static struct cu_scope dev_enter(struct cuda_state *s, int dev)
 	return dev_enter_mode(s, dev, true);
 }
 
-/* Device 0's primary context for host allocations, retained on first use. */
+/* Device 0's primary context for pinned host memory, retained on first use. */
 static CUresult host_ctx_get(struct cuda_state *s, CUcontext *out)
 {
 	CUcontext ctx = atomic_load_explicit(&s->host_ctx, memory_order_acquire);
@@ -688,28 +684,8 @@ static int cuda_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
 	return IN_SCOPE(s, sc, s->fn.StreamWaitEvent(stream, (CUevent)ev, 0));
 }
 
-static int cuda_host_alloc(void *state, size_t size, void **p)
-{
-	struct cuda_state *s = state;
-	struct cu_scope sc = host_enter(s);
-	void *mem = NULL;
-	/* Portable: the copies run on whichever device's stream, not only device 0's. */
-	CUresult r = IN_SCOPE(s, sc, s->fn.MemHostAlloc(&mem, size, CU_MEMHOSTALLOC_PORTABLE));
-
-	if (r == CUDA_SUCCESS)
-		*p = mem;
-	return r;
-}
-
-static int cuda_host_free(void *state, void *p)
-{
-	struct cuda_state *s = state;
-	struct cu_scope sc = host_enter(s);
-
-	return IN_SCOPE(s, sc, s->fn.MemFreeHost(p));
-}
-
-/* Pinning ordinary memory: in device 0's primary context, portable as host_alloc's, from any thread. */
+/* Pinning ordinary memory: in device 0's primary context, from any thread; portable, since the copies run
+ * on whichever device's stream, not only device 0's. */
 static int cuda_host_register(void *state, void *p, size_t size)
 {
 	struct cuda_state *s = state;
@@ -789,8 +765,6 @@ const struct cvm_backend cvm_backend_cuda = {
 	.event_sync = cuda_event_sync,
 	.device_sync = cuda_device_sync,
 	.stream_wait = cuda_stream_wait,
-	.host_alloc = cuda_host_alloc,
-	.host_free = cuda_host_free,
 	.copy_dtoh = cuda_copy_dtoh,
 	.copy_htod = cuda_copy_htod,
 	.stream_sync = cuda_stream_sync,

@@ -851,27 +851,6 @@ static int host_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
 	return bad_dev(state, dev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
-static int host_host_alloc(void *state, size_t size, void **p)
-{
-	void *q;
-
-	(void)state;
-	if (size == 0)
-		return CUDA_ERROR_INVALID_VALUE;
-	q = malloc(size);
-	if (!q)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	*p = q;
-	return CUDA_SUCCESS;
-}
-
-static int host_host_free(void *state, void *p)
-{
-	(void)state;
-	free(p);
-	return CUDA_SUCCESS;
-}
-
 /*
  * Registered host ranges, process-wide as CUDA's are: registering a range that overlaps one is refused
  * (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED), unregistering what is not the start of one too
@@ -1014,8 +993,6 @@ const struct cvm_backend cvm_backend_host = {
 	.event_sync = host_event_sync,
 	.device_sync = host_device_sync,
 	.stream_wait = host_stream_wait,
-	.host_alloc = host_host_alloc,
-	.host_free = host_host_free,
 	.copy_dtoh = host_copy_dtoh,
 	.copy_htod = host_copy_htod,
 	.stream_sync = host_stream_sync,
