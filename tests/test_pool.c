@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "drv.h" /* cvm_host_gate_close/open */
+#include "drv_test.h" /* cvm_host_gate_close/open */
 #include "gpu.h"
 #include "seg.h" /* the first-fit index, tested directly */
 
