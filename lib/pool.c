@@ -724,6 +724,167 @@ found:
 	return CUVMM_OK;
 }
 
+/* ----- packed allocations (pack.h): the pool gives the packer chunks and takes back the empty ones ----- */
+
+#define CVM_PACKED UINT32_MAX /* cvm_dfree.cls of a packed allocation freed on a stream */
+
+/* May the packer extend over granules [g, g + n): the start of a VA run or of a settled FREE run of small
+ * chunks, at least n long? */
+static bool pack_avail(void *arg, size_t g, size_t n)
+{
+	struct cuvmm_pool *p = arg;
+	struct cvm_run *run = p->edge[g];
+
+	if (!run || run->start != g || run->len < n)
+		return false;
+	/* Fresh memory only while the pool has no slack: where memory is being freed (a KV cache growing
+	 * buffers), the bump would map ahead while FREE memory piles up behind it; get_run reuses it. */
+	if (run->kind == CVM_RUN_VA)
+		return p->free_bytes == 0;
+	return run->kind == CVM_RUN_FREE && !run->ev && cut_len(p, run, n) == n;
+}
+
+/* Make `run` (mapped, edges set, in no index) the packer's: one PACK run per chunk, so that each goes back
+ * alone once empty. On failure (no memory for the bookkeeping) it is FREE memory again. */
+static int pack_own(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	struct cvm_run *front;
+
+	run->kind = CVM_RUN_PACK;
+	fp_add(p, run->len, true);
+	for (;;) {
+		size_t span = cvm_span(&p->r, p->r.slot[run->start].chunk);
+
+		if (span >= run->len)
+			return CUVMM_OK;
+		front = split_front(p, run, span);
+		if (!front) {
+			run_release(p, run, NULL, NULL);
+			return CUVMM_ENOMEM;
+		}
+	}
+}
+
+/* Take granules [g, g + n) for the packer: a VA run is mapped, a FREE run taken as it is (pack_avail). */
+static int pack_take(struct cuvmm_pool *p, size_t g, size_t n)
+{
+	struct cvm_run *run = p->edge[g], *piece;
+	int err;
+
+	if (run->kind == CVM_RUN_VA) {
+		bin_remove(p, run);
+		piece = split_front(p, run, n);
+		if (!piece) {
+			bin_insert(p, run);
+			return CUVMM_ENOMEM;
+		}
+		if (piece != run)
+			bin_insert(p, run);
+		err = cvm_region_map_locked(&p->r, g, n, 0);
+		if (err) {
+			piece->kind = CVM_RUN_VA;
+			bin_insert(p, piece);
+			coalesce(p, piece);
+			return err;
+		}
+	} else {
+		free_unlink(p, run);
+		piece = split_front(p, run, n);
+		if (!piece) {
+			free_link(p, run);
+			return CUVMM_ENOMEM;
+		}
+		if (piece != run)
+			free_link(p, run);
+	}
+	return pack_own(p, piece);
+}
+
+/* Give the wholly empty PACK runs of granules [g0, g0 + n) back as one FREE run, fenced by the device epoch,
+ * or settled (`settled`: a stream free whose event has completed). */
+static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settled)
+{
+	struct cvm_run *run = NULL, *next;
+	size_t g = g0;
+
+	/* The run holding g0 may start before it (a chunk of several granules). */
+	while (!p->edge[g] || (p->edge[g]->start != g && p->edge[g]->start + p->edge[g]->len - 1 != g))
+		g--;
+	g = p->edge[g]->start;
+	for (; g < g0 + n; g = next->start + next->len) {
+		bool empty = true;
+
+		next = p->edge[g];
+		for (size_t i = g; i < g + next->len && empty; i++)
+			empty = !cvm_pack_holds(&p->pack, i);
+		if (!empty)
+			continue; /* a chunk still partly live (the first or the last) */
+		if (!run) {
+			run = next;
+			continue;
+		}
+		edges_clear(p, run);
+		edges_clear(p, next);
+		run->len += next->len;
+		edges_set(p, run);
+		free(next);
+		next = run;
+	}
+	if (!run)
+		return;
+	/* As run_release, but a stream free whose event has completed needs no device synchronisation. */
+	fp_add(p, run->len, false);
+	run->kind = CVM_RUN_FREE;
+	run->freed_ns = cvm_now_ns();
+	run->epoch = settled ? 0 : atomic_load(&p->r.dev->epoch);
+	free_link(p, run);
+	coalesce(p, run);
+}
+
+/* Take a packed allocation out of the packer and give back the granules it emptied. */
+static void pack_release(struct cuvmm_pool *p, struct cvm_pack_alloc *x, bool settled)
+{
+	size_t g0, n;
+
+	cvm_pack_remove(&p->pack, x, &g0, &n);
+	free(x);
+	if (n)
+		pack_give_back(p, g0, n, settled);
+}
+
+static int pack_alloc(struct cuvmm_pool *p, size_t bytes, void **ptr)
+{
+	struct cvm_pack_alloc *x = calloc(1, sizeof(*x));
+	struct cvm_pack_plan plan;
+	struct cvm_run *run;
+	int err = CUVMM_OK;
+
+	if (!x)
+		return CUVMM_ENOMEM;
+	x->len = cvm_pack_len(bytes);
+	x->bytes = bytes;
+	cvm_pack_plan(&p->pack, x->len, pack_avail, p, &plan);
+	if (!plan.fresh && plan.ng && pack_take(p, plan.g0, plan.ng))
+		plan.fresh = true; /* out of memory for the bump: the way every allocation goes */
+	if (plan.fresh) {
+		/* Not a stream's: other allocations will share its granules. */
+		err = get_run(p, plan.ng, NULL, true, &run);
+		if (!err) {
+			plan.off = gbytes(p, run->start);
+			err = pack_own(p, run); /* (run is its last chunk's afterwards) */
+		}
+		if (err) {
+			free(x);
+			return err;
+		}
+	}
+	x->off = plan.off;
+	cvm_pack_insert(&p->pack, x, plan.fresh || plan.ng);
+	live_add(p, (int64_t)bytes);
+	*ptr = (void *)(p->r.base + x->off);
+	return CUVMM_OK;
+}
+
 /* ----- small allocations ----- */
 
 static void partial_insert(struct cuvmm_pool *p, struct cvm_slab *s)
@@ -857,8 +1018,12 @@ static void dq_drain(struct cuvmm_pool *p, int max)
 			continue;
 		}
 		dq_remove(p, prev, d);
-		s = slab_of(p, (uintptr_t)d->ptr, &slot);
-		slab_put(p, s, slot);
+		if (d->cls == CVM_PACKED) {
+			pack_release(p, cvm_pack_find(&p->pack, (uintptr_t)d->ptr - p->r.base), true);
+		} else {
+			s = slab_of(p, (uintptr_t)d->ptr, &slot);
+			slab_put(p, s, slot);
+		}
 		cvm_region_event_put_locked(&p->r, d->ev);
 		free(d);
 	}
@@ -965,9 +1130,11 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	snprintf(p->name, sizeof(p->name), "%s", cfg->name ? cfg->name : "pool");
 	p->edge = calloc(p->r.npages, sizeof(*p->edge));
 	va = calloc(1, sizeof(*va));
-	if (!p->edge || !va || cvm_seg_init(&p->vseg, p->r.npages) || cvm_seg_init(&p->fseg, p->r.npages)) {
+	if (!p->edge || !va || cvm_seg_init(&p->vseg, p->r.npages) || cvm_seg_init(&p->fseg, p->r.npages) ||
+	    cvm_pack_init(&p->pack, p->r.npages, p->r.gshift)) {
 		cvm_seg_fini(&p->vseg);
 		cvm_seg_fini(&p->fseg);
+		cvm_pack_fini(&p->pack);
 		free(va);
 		free(p->edge);
 		cvm_region_fini(&p->r);
@@ -985,6 +1152,7 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	if (p->small_max < 256)
 		p->small_max = 0;
 	p->nsmall = p->small_max ? small_class(p->small_max) + 1 : 0;
+	p->pack_max = p->small_max ? (size_t)CVM_PACK_MAX_GRANULES << p->r.gshift : 0;
 	p->win_start = cvm_now_ns();
 	p->client.ops = &pool_ops;
 	p->client.dev = dev;
@@ -1027,6 +1195,7 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 	cvm_region_fini(&p->r);
 	cvm_seg_fini(&p->vseg);
 	cvm_seg_fini(&p->fseg);
+	cvm_pack_fini(&p->pack);
 	free(p->edge);
 	free(p);
 }
@@ -1051,6 +1220,10 @@ static int pool_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void 
 		err = small_alloc(p, bytes, stream, ptr);
 		goto out;
 	}
+	if (bytes <= p->pack_max) {
+		err = pack_alloc(p, bytes, ptr);
+		goto out;
+	}
 	k = (bytes + p->r.gran - 1) >> p->r.gshift;
 	err = get_run(p, k, stream, true, &run);
 	if (err)
@@ -1072,9 +1245,12 @@ static size_t live_bytes_locked(struct cuvmm_pool *p, uintptr_t a)
 {
 	size_t g = (a - p->r.base) >> p->r.gshift;
 	struct cvm_run *run = p->edge[g];
+	struct cvm_pack_alloc *x = cvm_pack_find(&p->pack, a - p->r.base);
 	struct cvm_slab *s;
 	uint32_t slot;
 
+	if (x)
+		return x->pending ? 0 : x->bytes;
 	if (run && run->kind == CVM_RUN_SLAB) {
 		s = slab_of(p, a, &slot);
 		return s && (s->live[slot / 64] & ((uint64_t)1 << (slot % 64))) ? s->size : 0;
@@ -1135,6 +1311,7 @@ int cuvmm_malloc_async(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool async)
 {
 	uintptr_t a = (uintptr_t)ptr;
+	struct cvm_pack_alloc *x;
 	struct cvm_run *run;
 	struct cvm_slab *s;
 	cvm_event ev = NULL;
@@ -1184,8 +1361,9 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		err = CUVMM_EINVAL; /* not an allocation of this pool, or freed already */
 		goto out;
 	}
+	x = cvm_pack_find(&p->pack, a - p->r.base);
 	run = p->edge[g];
-	s = run->kind == CVM_RUN_SLAB ? slab_of(p, a, &slot) : NULL;
+	s = !x && run->kind == CVM_RUN_SLAB ? slab_of(p, a, &slot) : NULL;
 	if (async && stream) {
 		/* Fence the free on the stream; on failure nothing has changed yet. */
 		err = cvm_region_event_get_locked(&p->r, &ev);
@@ -1198,9 +1376,12 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		if (err)
 			goto out;
 	}
-	if (s) {
-		s->live[slot / 64] &= ~((uint64_t)1 << (slot % 64));
-		live_add(p, -(int64_t)s->size);
+	if (s || x) {
+		/* A slot, or a packed allocation: its bytes share a granule with others, so a free on a stream
+		 * keeps them taken until its event completes (dq_drain). */
+		if (s)
+			s->live[slot / 64] &= ~((uint64_t)1 << (slot % 64));
+		live_add(p, -(int64_t)(s ? s->size : x->bytes));
 		if (ev) {
 			struct cvm_dfree *d = malloc(sizeof(*d));
 
@@ -1208,11 +1389,16 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 				/* No memory to remember the fence: wait for it instead. */
 				cvm_drv_event_sync(CVM_DRV(p->r.dev), p->r.dev->index, ev);
 				cvm_region_event_put_locked(&p->r, ev);
-				slab_put(p, s, slot);
+				if (s)
+					slab_put(p, s, slot);
+				else
+					pack_release(p, x, true);
 			} else {
+				if (x)
+					x->pending = true;
 				d->next = NULL;
 				d->ptr = ptr;
-				d->cls = s->cls;
+				d->cls = s ? s->cls : CVM_PACKED;
 				d->stream = stream;
 				d->ev = ev;
 				if (p->dq_tail)
@@ -1222,8 +1408,10 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 				p->dq_tail = d;
 				p->ndq++;
 			}
-		} else {
+		} else if (s) {
 			slab_put(p, s, slot);
+		} else {
+			pack_release(p, x, false);
 		}
 	} else {
 		live_add(p, -(int64_t)run->bytes);
