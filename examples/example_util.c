@@ -202,6 +202,15 @@ static struct {
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* Devices other than 0 (ex_cu_use_device): their primary context and kernels, loaded on first use. */
+#define EX_MAX_DEVICES 16
+static struct {
+	CUcontext ctx;
+	CUfunction fill, checksum;
+} gd[EX_MAX_DEVICES];
+static pthread_mutex_t gd_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int cur_dev;
+
 static int sym(void *slot, const char *name)
 {
 	void *p = dlsym(g.lib, name);
@@ -271,17 +280,56 @@ static void load(void)
 	g.status = 0;
 }
 
-/* Load on first use, then make the primary context current on this thread. */
+/* Device cur_dev's context and kernels, loaded on first use (device 0's by load()). */
+static int load_dev(void)
+{
+	CUmodule mod;
+	CUdevice dev;
+	CUresult r = CUDA_SUCCESS;
+
+	if (cur_dev == 0) {
+		gd[0].ctx = g.ctx;
+		gd[0].fill = g.fill;
+		gd[0].checksum = g.checksum;
+		return 0;
+	}
+	pthread_mutex_lock(&gd_lock);
+	if (!gd[cur_dev].ctx) {
+		CUcontext ctx = NULL;
+
+		if ((r = g.DeviceGet(&dev, cur_dev)) == CUDA_SUCCESS &&
+		    (r = g.DevicePrimaryCtxRetain(&ctx, dev)) == CUDA_SUCCESS &&
+		    (r = g.CtxSetCurrent(ctx)) == CUDA_SUCCESS && (r = g.ModuleLoadData(&mod, ex_kernels_ptx)) == CUDA_SUCCESS &&
+		    (r = g.ModuleGetFunction(&gd[cur_dev].fill, mod, "ex_fill")) == CUDA_SUCCESS &&
+		    (r = g.ModuleGetFunction(&gd[cur_dev].checksum, mod, "ex_checksum")) == CUDA_SUCCESS)
+			gd[cur_dev].ctx = ctx;
+	}
+	pthread_mutex_unlock(&gd_lock);
+	return r;
+}
+
+/* Load on first use, then make the current device's primary context current on this thread. */
 static int enter(void)
 {
 	CUcontext cur = NULL;
+	int r;
 
 	pthread_once(&once, load);
 	if (g.status)
 		return g.status;
-	if (g.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == g.ctx)
+	if (!gd[cur_dev].ctx && (r = load_dev()) != 0)
+		return r;
+	if (g.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == gd[cur_dev].ctx)
 		return CUDA_SUCCESS;
-	return g.CtxSetCurrent(g.ctx);
+	return g.CtxSetCurrent(gd[cur_dev].ctx);
+}
+
+int ex_cu_use_device(int dev)
+{
+	if (dev < 0 || dev >= EX_MAX_DEVICES)
+		return CUDA_ERROR_INVALID_DEVICE;
+	cur_dev = dev;
+	return enter();
 }
 
 #define DP(p) ((CUdeviceptr)(uintptr_t)(p))
@@ -400,7 +448,7 @@ int ex_cu_fill(void *p, size_t n, uint64_t seed, CUstream stream)
 	void *args[] = {&d, &n, &s};
 
 	ENTER();
-	return g.LaunchKernel(g.fill, grid_for(n), 1, 1, EX_BLOCK, 1, 1, 0, stream, args, NULL);
+	return g.LaunchKernel(gd[cur_dev].fill, grid_for(n), 1, 1, EX_BLOCK, 1, 1, 0, stream, args, NULL);
 }
 
 int ex_cu_checksum(const void *p, size_t n, uint64_t salt, uint64_t *sum, CUstream stream)
@@ -410,7 +458,7 @@ int ex_cu_checksum(const void *p, size_t n, uint64_t salt, uint64_t *sum, CUstre
 	void *args[] = {&d, &n, &s, &out};
 
 	ENTER();
-	return g.LaunchKernel(g.checksum, grid_for(n), 1, 1, EX_BLOCK, 1, 1, 0, stream, args, NULL);
+	return g.LaunchKernel(gd[cur_dev].checksum, grid_for(n), 1, 1, EX_BLOCK, 1, 1, 0, stream, args, NULL);
 }
 
 int ex_cu_capture_begin(CUstream stream)

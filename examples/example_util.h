@@ -12,7 +12,8 @@
  *  - The same two "kernels" for the host backend, as CPU loops with identical results.
  *
  * The ex_cu* functions return a CUresult (0 = CUDA_SUCCESS) and make device 0's primary context (the one
- * cuvmm uses) current on the calling thread first, so any thread may call them.
+ * cuvmm uses; another device's after ex_cu_use_device) current on the calling thread first, so any thread
+ * may call them.
  */
 #ifndef EXAMPLE_UTIL_H
 #define EXAMPLE_UTIL_H
@@ -81,6 +82,8 @@ void ex_checksum_host(const void *p, size_t n, uint64_t salt, uint64_t *sum);
 /* ----- CUDA driver helpers (CUDA backend only) ----- */
 
 int ex_cu_init(void); /* 0, or a CUresult / -1 (with a message) when the driver cannot be used */
+/* Make device `dev` the one the helpers of this thread use (default 0): its primary context, its kernels. */
+int ex_cu_use_device(int dev);
 const char *ex_cu_error_name(int cu);
 int ex_cu_mem_info(size_t *free_bytes, size_t *total_bytes);
 int ex_cu_stream_create(CUstream *stream); /* a non-blocking stream */

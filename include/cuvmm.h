@@ -182,12 +182,20 @@ struct cuvmm_config {
 	bool background_release;     /**< a thread gives memory back while the application is idle; default true */
 	size_t device_limit_bytes;   /**< cap on physical memory held per device by this context, never exceeded; 0 = none */
 	size_t host_granularity;     /**< host backend chunk size, a power of two >= the page size; default 2 MiB */
+	int host_devices;            /**< devices the host backend emulates, 1 to 64 (0: 1); default 1 */
+	uint64_t peer_access;        /**< devices given read/write access to the memory of every object besides its
+	                                  own device (bit i: device i; CUVMM_PEERS_ALL: every device); default 0.
+	                                  See @ref peers */
 };
+
+/** A peer_access mask naming every device of the context. */
+#define CUVMM_PEERS_ALL UINT64_MAX
 
 /**
  * Fill @p cfg with the defaults, then apply the CUVMM_* environment variables (CUVMM_BACKEND,
  * CUVMM_RELEASE_DELAY_MS, CUVMM_RETAIN_BYTES, CUVMM_DEVICE_LIMIT, CUVMM_BACKGROUND_RELEASE,
- * CUVMM_HOST_GRANULARITY). cuvmm_ctx_create() also reads CUVMM_PUBLISH (0/no/off/false: the context
+ * CUVMM_HOST_GRANULARITY, CUVMM_HOST_DEVICES (a count, 1 to 64), CUVMM_PEER_ACCESS (all or none: peer_access
+ * CUVMM_PEERS_ALL or 0)). cuvmm_ctx_create() also reads CUVMM_PUBLISH (0/no/off/false: the context
  * publishes no counters for cuvmm-top) and CUVMM_PUBLISH_DIR (where it does; default /dev/shm), which
  * are no fields of this struct. Words are case-insensitive; sizes are digits with an optional K, M, G or T
  * suffix; an empty variable counts as unset. A value that is malformed or that the library cannot serve (a
@@ -227,7 +235,7 @@ CUVMM_API void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx);
 CUVMM_API enum cuvmm_backend cuvmm_ctx_backend(const struct cuvmm_ctx *ctx);
 
 /**
- * Number of devices the context's backend sees (the host backend has one).
+ * Number of devices the context's backend sees (the host backend: host_devices, default one).
  * @param[in] ctx the context
  * @param[out] count the number of devices
  * @return CUVMM_OK, or CUVMM_EINVAL for a NULL argument
@@ -246,6 +254,49 @@ CUVMM_API int cuvmm_ctx_device_count(const struct cuvmm_ctx *ctx, int *count);
  *         failed (what could be released was)
  */
 CUVMM_API int cuvmm_ctx_trim(struct cuvmm_ctx *ctx, int device, size_t keep_bytes);
+
+/** @} */
+
+/**
+ * @defgroup peers Several devices: peer access
+ * Memory that an object maps on its device is readable and writable from that device and from its peers:
+ * the devices of the context's peer_access, or of the object's own peer_access (pool and kv configs; 0
+ * there: the context's), plus the devices added with cuvmm_ctx_add_peer(). Every mapping grants them all
+ * (pool, region, kv, a wake), in one cuMemSetAccess per range. Whether each peer can reach the device is
+ * asked (cuDeviceCanAccessPeer) when an object is created: where one cannot, the creation fails with
+ * CUVMM_ENOTSUP (cuvmm_last_driver_error(): CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) and nothing is reserved.
+ * Regions take the context's setting. Peer access needs no cuCtxEnablePeerAccess (that is for cudaMalloc
+ * memory). Statistics, limits, idle release and cuvmm_ctx_trim() are per device, and a trim of one device
+ * does not wait for another's GPU work.
+ * @{
+ */
+
+/**
+ * Can @p device access memory that lives on @p peer (cuDeviceCanAccessPeer)?
+ * @param[in] ctx the context
+ * @param[in] device the accessing device
+ * @param[in] peer the device whose memory would be accessed (the same device: true)
+ * @param[out] can the answer
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or a device out of range; CUVMM_EDRIVER if the query
+ *         failed
+ */
+CUVMM_API int cuvmm_ctx_can_access_peer(struct cuvmm_ctx *ctx, int device, int peer, bool *can);
+
+/**
+ * Give @p peer read/write access to the memory on @p device: to what every object on @p device (region,
+ * pool, kv) has mapped now, including memory whose unmap is pending, and to everything mapped there from
+ * now on, by objects that exist and objects created later. Adding a peer twice, or @p device itself, does
+ * nothing. Access is not taken back (a later peer_access of a new object narrower than this still grants
+ * it).
+ * @param[in] ctx the context
+ * @param[in] device the device whose memory is to be reached
+ * @param[in] peer the device to reach it
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL @p ctx or a device out of range; CUVMM_ENOTSUP when @p peer
+ *         cannot access @p device's memory (nothing changed); CUVMM_EDRIVER if a cuMemSetAccess failed:
+ *         then the objects granted before the failure keep the access and the others do not; calling again
+ *         completes it
+ */
+CUVMM_API int cuvmm_ctx_add_peer(struct cuvmm_ctx *ctx, int device, int peer);
 
 /** @} */
 
@@ -356,6 +407,13 @@ CUVMM_API size_t cuvmm_region_size(const struct cuvmm_region *r);
 CUVMM_API size_t cuvmm_region_granularity(const struct cuvmm_region *r);
 
 /**
+ * The devices that get access to a region's mappings (@ref peers).
+ * @param[in] r the region
+ * @return bit i set: device i (the region's own device always); 0 for a NULL @p r
+ */
+CUVMM_API uint64_t cuvmm_region_peers(struct cuvmm_region *r);
+
+/**
  * Back [offset, offset+len) with physical memory, readable and writable from the device. Parts already
  * mapped are left as they are, with their contents; a part whose unmap is still pending is kept mapped.
  * All or nothing: on failure nothing that was not mapped before is mapped, except a chunk whose undo the
@@ -421,6 +479,9 @@ struct cuvmm_pool_config {
 	int device;        /**< device whose memory the pool hands out; default 0 */
 	size_t max_bytes;  /**< address space to reserve; 0: twice the device's memory (or device_limit_bytes) */
 	const char *name;  /**< for statistics and logs, e.g. "weights", "kv", "activations"; copied */
+	uint64_t peer_access; /**< devices given access to the pool's memory (bit i: device i; the pool's own
+	                           device always has it, so 1 << device means none other; CUVMM_PEERS_ALL: every
+	                           device); 0: the context's peer_access (the default). See @ref peers */
 };
 
 /**
@@ -439,7 +500,8 @@ struct cuvmm_pool;
  * @param[out] out the new pool
  * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument or a bad size field; CUVMM_ENODEV for a device out of
  *         range; CUVMM_ENOSPC when the address space cannot be reserved; CUVMM_ENOMEM when the host is out
- *         of memory
+ *         of memory; CUVMM_ENOTSUP when a device of peer_access cannot access the pool's device
+ *         (@ref peers); CUVMM_EINVAL for a peer_access naming a device the context lacks
  */
 CUVMM_API int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg, struct cuvmm_pool **out);
 
@@ -542,6 +604,7 @@ struct cuvmm_kv_config {
 	size_t block_bytes;   /**< bytes of one block in one tensor; any size (blocks may straddle pages) */
 	uint32_t max_blocks;  /**< block ids are 0 .. max_blocks-1 */
 	uint32_t tensors;     /**< tensors that share block ids, e.g. 2 * layers for K and V; 1 to 65536; default 1 */
+	uint64_t peer_access; /**< devices given access to the blocks, as cuvmm_pool_config's; 0: the context's */
 };
 
 /**
@@ -561,7 +624,8 @@ struct cuvmm_kv;
  * @param[out] out the new object
  * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, a zero field, more than 65536 tensors or an
  *         overflowing size (block_bytes x max_blocks x tensors); CUVMM_ENODEV for a device out of range;
- *         CUVMM_ENOSPC when the address space cannot be reserved
+ *         CUVMM_ENOSPC when the address space cannot be reserved; CUVMM_ENOTSUP, or CUVMM_EINVAL, for a
+ *         peer_access as cuvmm_pool_create()
  */
 CUVMM_API int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, struct cuvmm_kv **out);
 
@@ -904,11 +968,13 @@ CUVMM_API int cuvmm_torch_reset_totals(int device);
 	X(STREAM_WAIT, "cuStreamWaitEvent")                                                                  \
 	X(HOST_ALLOC, "cuMemHostAlloc")                                                                      \
 	X(COPY, "cuMemcpyAsync")                                                                             \
-	X(CAPTURE_INFO, "cuStreamGetCaptureInfo")
+	X(CAPTURE_INFO, "cuStreamGetCaptureInfo")                                                            \
+	X(PEER_QUERY, "cuDeviceCanAccessPeer")
 
 /** The driver calls that can be made to fail (CUVMM_CALL_LIST): CUVMM_CALL_RESERVE (cuMemAddressReserve),
  * ..., CUVMM_CALL_HOST_ALLOC (pinned staging memory), CUVMM_CALL_COPY (the copies of sleep and wake),
- * CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?). */
+ * CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?), CUVMM_CALL_PEER_QUERY (can one
+ * device access another's memory? asked when an object with peers is created or a peer added). */
 enum cuvmm_call {
 #define CUVMM_CALL_ENUM_(name, fn) CUVMM_CALL_##name,
 	CUVMM_CALL_LIST(CUVMM_CALL_ENUM_)

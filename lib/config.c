@@ -25,6 +25,7 @@
 
 static const char *const backend_words[] = {"auto", "cuda", "host", NULL};           /* enum cuvmm_backend */
 static const char *const bool_words[] = {"0", "1", "false", "true", "no", "yes", "off", "on", NULL}; /* odd: true */
+static const char *const peer_words[] = {"none", "all", "0", "1", "no", "yes", "off", "on", NULL}; /* odd: all */
 static const char *const log_words[] = {"error", "warn", "info", "debug", "warning", NULL}; /* enum cuvmm_log_level */
 
 enum env_kind {
@@ -32,6 +33,7 @@ enum env_kind {
 	ENV_SIZE, /* bytes, with an optional K/M/G/T suffix */
 	ENV_MS,   /* -1 or a count of milliseconds */
 	ENV_PATH, /* an absolute path */
+	ENV_COUNT, /* digits: a count from 1 to CVM_MAX_HOST_DEVICES */
 };
 
 static const struct env_var {
@@ -51,6 +53,8 @@ static const struct env_var {
 	[CVM_ENV_LOG] = {"CUVMM_LOG", ENV_WORD, log_words, "error, warn, info or debug"},
 	[CVM_ENV_PUBLISH] = {"CUVMM_PUBLISH", ENV_WORD, bool_words, "0 or 1 (no/yes, off/on)"},
 	[CVM_ENV_PUBLISH_DIR] = {"CUVMM_PUBLISH_DIR", ENV_PATH, NULL, "an absolute directory such as /dev/shm"},
+	[CVM_ENV_HOST_DEVICES] = {"CUVMM_HOST_DEVICES", ENV_COUNT, NULL, "a number of devices from 1 to 64"},
+	[CVM_ENV_PEER_ACCESS] = {"CUVMM_PEER_ACCESS", ENV_WORD, peer_words, "all or none (1/0, yes/no, on/off)"},
 };
 
 /* The last bad value reported for each variable: a value is reported once per process (config_init runs
@@ -169,6 +173,11 @@ static int env_read(enum cvm_env which, int64_t *out, const char *used)
 			return 1;
 		env_report(which, s, "is not an absolute path", used);
 		return -1;
+	case ENV_COUNT:
+		if (*s != '-' && cvm_parse_i64(s, out) == CUVMM_OK && *out >= 1 && *out <= CVM_MAX_HOST_DEVICES)
+			return 1;
+		env_report(which, s, "is not a count in range", used);
+		return -1;
 	}
 	return -1;
 }
@@ -246,6 +255,8 @@ void cuvmm_config_init(struct cuvmm_config *cfg)
 	cfg->background_release = true;
 	cfg->device_limit_bytes = 0;
 	cfg->host_granularity = CVM_DEFAULT_HOST_GRANULARITY;
+	cfg->host_devices = 1;
+	cfg->peer_access = 0;
 
 	cfg->backend = cvm_env_backend();
 	if (env_read(CVM_ENV_RELEASE_DELAY_MS, &v, "1000 ms (the default)") == 1)
@@ -259,6 +270,10 @@ void cuvmm_config_init(struct cuvmm_config *cfg)
 	env_size(CVM_ENV_DEVICE_LIMIT, &cfg->device_limit_bytes,
 		 cfg->backend == CUVMM_BACKEND_HOST ? cfg->host_granularity : CVM_MIN_DEVICE_GRANULE, false,
 		 "no limit (the default)");
+	if (env_read(CVM_ENV_HOST_DEVICES, &v, "1 (the default)") == 1)
+		cfg->host_devices = (int)v;
+	if (env_read(CVM_ENV_PEER_ACCESS, &v, "none (the default)") == 1)
+		cfg->peer_access = (v & 1) ? CUVMM_PEERS_ALL : 0;
 }
 
 int cvm_config_check(const struct cuvmm_config *cfg)
@@ -272,6 +287,8 @@ int cvm_config_check(const struct cuvmm_config *cfg)
 	if (cfg->release_delay_ms < -1 || cfg->release_delay_ms > CUVMM_RELEASE_DELAY_MS_MAX)
 		return CUVMM_EINVAL;
 	if (cfg->host_granularity & (cfg->host_granularity - 1))
+		return CUVMM_EINVAL;
+	if (cfg->host_devices < 0 || cfg->host_devices > CVM_MAX_HOST_DEVICES)
 		return CUVMM_EINVAL;
 	return CUVMM_OK;
 }

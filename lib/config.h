@@ -15,6 +15,8 @@
 /* The smallest granule of any CUDA device with virtual memory management: a device limit below it can
  * serve nothing. */
 #define CVM_MIN_DEVICE_GRANULE ((size_t)2 << 20)
+/* The most devices the host backend emulates (and a context uses): bits of a peer mask. */
+#define CVM_MAX_HOST_DEVICES 64
 
 /* The CUVMM_* environment variables, one row each in config.c's table. */
 enum cvm_env {
@@ -27,6 +29,8 @@ enum cvm_env {
 	CVM_ENV_LOG,
 	CVM_ENV_PUBLISH,
 	CVM_ENV_PUBLISH_DIR,
+	CVM_ENV_HOST_DEVICES,
+	CVM_ENV_PEER_ACCESS,
 	CVM_ENV_COUNT_
 };
 

@@ -75,9 +75,13 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 		err = CUVMM_ENOMEM;
 		goto fail_dev_lock;
 	}
-	if (pthread_mutex_init(&ctx->bg_lock, NULL)) {
+	if (pthread_cond_init(&ctx->clients_cond, NULL)) {
 		err = CUVMM_ENOMEM;
 		goto fail_clients_lock;
+	}
+	if (pthread_mutex_init(&ctx->bg_lock, NULL)) {
+		err = CUVMM_ENOMEM;
+		goto fail_clients_cond;
 	}
 	if (pthread_cond_init(&ctx->bg_cond, NULL)) {
 		err = CUVMM_ENOMEM;
@@ -100,18 +104,27 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	}
 	if (ctx->ndev > CVM_MAX_DEVICES)
 		ctx->ndev = CVM_MAX_DEVICES;
+	/* Peers named must exist; whether they can reach a device is asked when an object is made there. */
+	if (ctx->cfg.peer_access != CUVMM_PEERS_ALL && ctx->ndev < 64 && ctx->cfg.peer_access >> ctx->ndev) {
+		cvm_warn("cuvmm_ctx_create: peer_access names a device beyond the %d the context has", ctx->ndev);
+		err = CUVMM_EINVAL;
+		goto fail_drv;
+	}
 	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
 		ctx->dev[i].ctx = ctx;
 		ctx->dev[i].index = i;
 		atomic_init(&ctx->dev[i].epoch, 1);
 		atomic_init(&ctx->dev[i].safe_epoch, 1);
+		/* No attributes: these cannot fail on Linux, as the other mutexes of the library. */
+		pthread_mutex_init(&ctx->dev[i].pass_lock, NULL);
+		pthread_mutex_init(&ctx->dev[i].regions_lock, NULL);
 	}
 	cvm_pub_open(ctx); /* before the background thread, which writes it */
 	if (ctx->cfg.background_release && ctx->delay_ns != UINT64_MAX && ctx->delay_ns != 0) {
 		if (pthread_create(&ctx->bg, NULL, bg_main, ctx)) {
 			err = CUVMM_ENOMEM;
 			cvm_pub_close(ctx);
-			goto fail_drv;
+			goto fail_devs;
 		}
 		ctx->bg_running = true;
 	}
@@ -120,6 +133,11 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	*out = ctx;
 	return CUVMM_OK;
 
+fail_devs:
+	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
+		pthread_mutex_destroy(&ctx->dev[i].pass_lock);
+		pthread_mutex_destroy(&ctx->dev[i].regions_lock);
+	}
 fail_drv:
 	cvm_drv_close(&ctx->drv);
 fail_graphs:
@@ -128,6 +146,8 @@ fail_cond:
 	pthread_cond_destroy(&ctx->bg_cond);
 fail_bg_lock:
 	pthread_mutex_destroy(&ctx->bg_lock);
+fail_clients_cond:
+	pthread_cond_destroy(&ctx->clients_cond);
 fail_clients_lock:
 	pthread_mutex_destroy(&ctx->clients_lock);
 fail_dev_lock:
@@ -167,10 +187,15 @@ void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx)
 			cvm_drv_device_close(&ctx->drv, i);
 		}
 	}
+	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
+		pthread_mutex_destroy(&ctx->dev[i].pass_lock);
+		pthread_mutex_destroy(&ctx->dev[i].regions_lock);
+	}
 	cvm_drv_close(&ctx->drv);
 	cvm_graphs_fini(&ctx->graphs);
 	pthread_cond_destroy(&ctx->bg_cond);
 	pthread_mutex_destroy(&ctx->bg_lock);
+	pthread_cond_destroy(&ctx->clients_cond);
 	pthread_mutex_destroy(&ctx->clients_lock);
 	pthread_mutex_destroy(&ctx->dev_lock);
 	free(ctx);
@@ -230,6 +255,41 @@ int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out)
 	return err;
 }
 
+int cvm_ctx_peers(struct cuvmm_ctx *ctx, int device, uint64_t mask, uint64_t *out)
+{
+	uint64_t all = ctx->ndev >= 64 ? UINT64_MAX : ((uint64_t)1 << ctx->ndev) - 1;
+	bool can;
+	int err;
+
+	if (mask == CUVMM_PEERS_ALL)
+		mask = all;
+	else if (mask & ~all)
+		return CUVMM_EINVAL;
+	mask |= (uint64_t)1 << device;
+	for (int p = 0; p < ctx->ndev; p++) {
+		if (p == device || !(mask >> p & 1))
+			continue;
+		err = cvm_drv_can_access_peer(&ctx->drv, p, device, &can);
+		if (err)
+			return err;
+		if (!can) {
+			cvm_warn("device %d cannot access the memory of device %d (no peer access between them)", p,
+				 device);
+			cvm_drv_set_last(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+			return CUVMM_ENOTSUP;
+		}
+	}
+	*out = mask;
+	return CUVMM_OK;
+}
+
+int cuvmm_ctx_can_access_peer(struct cuvmm_ctx *ctx, int device, int peer, bool *can)
+{
+	if (!ctx || !can || device < 0 || device >= ctx->ndev || peer < 0 || peer >= ctx->ndev)
+		return CUVMM_EINVAL;
+	return cvm_drv_can_access_peer(&ctx->drv, device, peer, can);
+}
+
 uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks)
 {
 	uint64_t calls = atomic_load(&dev->cnt.create_calls) + atomic_load(&dev->cnt.release_calls) +
@@ -276,8 +336,10 @@ void cvm_ctx_add_client(struct cuvmm_ctx *ctx, struct cvm_client *c)
 
 void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c)
 {
-	/* Taking the lock also waits out a reclaim pass that may be inside this client. */
+	/* Wait out a reclaim pass that may be inside this client. */
 	pthread_mutex_lock(&ctx->clients_lock);
+	while (c->pins)
+		pthread_cond_wait(&ctx->clients_cond, &ctx->clients_lock);
 	c->prev->next = c->next;
 	c->next->prev = c->prev;
 	c->next = c->prev = NULL;
@@ -302,28 +364,55 @@ void cvm_ctx_kick(struct cuvmm_ctx *ctx, uint64_t deadline)
 	}
 }
 
+/*
+ * One pass over one device: its clients, then its cache. Passes of one device take turns (pass_lock); those
+ * of different devices run side by side, since the client list lock is dropped inside each client (which
+ * stays pinned, so it is neither removed nor skipped meanwhile): a trim waiting for device 0's GPU holds up
+ * neither a trim of device 1 nor the background thread's release on it.
+ */
+static uint64_t reclaim_dev(struct cuvmm_ctx *ctx, struct cvm_dev *dev, uint64_t now, bool force, size_t keep)
+{
+	uint64_t next = UINT64_MAX, t;
+	struct cvm_client *c, *n;
+
+	if (force) {
+		pthread_mutex_lock(&dev->pass_lock);
+	} else if (pthread_mutex_trylock(&dev->pass_lock)) {
+		/* Another pass (a trim, perhaps waiting for the GPU) is running: never wait behind it. */
+		return now + CVM_FENCE_POLL_NS;
+	}
+	pthread_mutex_lock(&ctx->clients_lock);
+	for (c = ctx->clients.next; c != &ctx->clients; c = n) {
+		if (c->dev != dev) {
+			n = c->next;
+			continue;
+		}
+		c->pins++;
+		pthread_mutex_unlock(&ctx->clients_lock);
+		t = c->ops->reclaim(c, now, force);
+		if (t < next)
+			next = t;
+		pthread_mutex_lock(&ctx->clients_lock);
+		n = c->next;
+		if (--c->pins == 0)
+			pthread_cond_broadcast(&ctx->clients_cond);
+	}
+	pthread_mutex_unlock(&ctx->clients_lock);
+	t = cvm_phys_reclaim(&dev->phys, now, force, keep);
+	if (t < next)
+		next = t;
+	pthread_mutex_unlock(&dev->pass_lock);
+	return next;
+}
+
 uint64_t cvm_ctx_reclaim(struct cuvmm_ctx *ctx, uint64_t now, bool force, int device, size_t keep)
 {
 	uint64_t next = UINT64_MAX, t;
 
-	if (force) {
-		pthread_mutex_lock(&ctx->clients_lock);
-	} else if (pthread_mutex_trylock(&ctx->clients_lock)) {
-		/* Another pass (a trim, perhaps waiting for the GPU) is running: never wait behind it. */
-		return now + CVM_FENCE_POLL_NS;
-	}
-	for (struct cvm_client *c = ctx->clients.next; c != &ctx->clients; c = c->next) {
-		if (device >= 0 && c->dev->index != device)
-			continue;
-		t = c->ops->reclaim(c, now, force);
-		if (t < next)
-			next = t;
-	}
-	pthread_mutex_unlock(&ctx->clients_lock);
 	for (int i = 0; i < ctx->ndev; i++) {
 		if ((device >= 0 && i != device) || !atomic_load(&ctx->dev[i].opened))
 			continue;
-		t = cvm_phys_reclaim(&ctx->dev[i].phys, now, force, keep);
+		t = reclaim_dev(ctx, &ctx->dev[i], now, force, keep);
 		if (t < next)
 			next = t;
 	}

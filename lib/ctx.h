@@ -20,6 +20,7 @@ struct cvm_dev {
 	struct cuvmm_ctx *ctx;
 	int index;
 	_Atomic bool opened;
+	pthread_mutex_t pass_lock; /* one reclaim pass at a time on this device's clients and cache */
 	struct cvm_devinfo info;
 	struct cvm_drv_counters cnt; /* every driver call made for this device */
 	struct cvm_acct acct;        /* every byte on this device */
@@ -27,6 +28,11 @@ struct cvm_dev {
 	/* Device-wide fences for memory freed without a stream: a free is tagged with `epoch`; once a device
 	 * synchronisation that started after the free has returned, safe_epoch exceeds the tag. */
 	_Atomic uint64_t epoch, safe_epoch;
+	/* Peer access (region.c): every region of this device's memory (pools' and kv objects' included), and
+	 * the devices that cuvmm_ctx_add_peer gave access to it, under regions_lock (taken before a region's). */
+	pthread_mutex_t regions_lock;
+	struct cuvmm_region *regions;
+	uint64_t peers_added;
 };
 
 /*
@@ -65,6 +71,7 @@ struct cvm_client {
 	const struct cvm_client_ops *ops;
 	struct cvm_dev *dev;
 	struct cvm_client *next, *prev;
+	unsigned pins; /* reclaim passes inside it with clients_lock dropped; removal waits for 0 */
 	void (*destroy)(struct cvm_client *c); /* for ctx_destroy of objects the application forgot */
 };
 
@@ -77,7 +84,10 @@ struct cuvmm_ctx {
 	pthread_mutex_t dev_lock; /* opening devices */
 	struct cvm_dev dev[CVM_MAX_DEVICES];
 
-	pthread_mutex_t clients_lock; /* the client list; held by reclaim passes, never by allocations */
+	/* The client list; held briefly by reclaim passes (which pin the client they are in and drop it, so a
+	 * pass waiting for one device's GPU holds up no other device), never by allocations. */
+	pthread_mutex_t clients_lock;
+	pthread_cond_t clients_cond; /* a client unpinned */
 	struct cvm_client clients;
 
 	/* Background release. next_deadline is read lock-free on hot paths to decide whether to wake it. */
@@ -100,6 +110,11 @@ static inline uint64_t cvm_ctx_max_lead(const struct cuvmm_ctx *ctx)
 
 /* The device, opened on first use. CUVMM_ENODEV if out of range or without VMM support. */
 int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out);
+/* The devices to get access to memory on `device` (bit i: device i, `device` itself always among them) for a
+ * peer mask `mask` (CUVMM_PEERS_ALL: every device of the context): CUVMM_EINVAL for a bit naming a device
+ * the context lacks, CUVMM_ENOTSUP when one of them cannot access `device`'s memory (cuDeviceCanAccessPeer),
+ * or the error of that query. */
+int cvm_ctx_peers(struct cuvmm_ctx *ctx, int device, uint64_t mask, uint64_t *out);
 
 void cvm_ctx_add_client(struct cuvmm_ctx *ctx, struct cvm_client *c);
 void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c);

@@ -212,7 +212,14 @@ int cvm_drv_unmap(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uint
 int cvm_drv_set_access(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size)
 {
 	return CALL(d, cnt, CUVMM_CALL_SET_ACCESS, (_Atomic uint64_t *)NULL,
-		    d->be->set_access(d->state, dev, va, size));
+		    d->be->set_access(d->state, dev, va, size, (uint64_t)1 << dev));
+}
+
+int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uint64_t devs, uintptr_t va,
+			    size_t size)
+{
+	return CALL(d, cnt, CUVMM_CALL_SET_ACCESS, (_Atomic uint64_t *)NULL,
+		    d->be->set_access(d->state, dev, va, size, devs | (uint64_t)1 << dev));
 }
 
 int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes)
@@ -360,4 +367,18 @@ int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id
 		return CUVMM_OK;
 	}
 	return PLAIN(d, CUVMM_CALL_CAPTURE_INFO, d->be->capture_id(d->state, dev, stream, id));
+}
+
+int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can)
+{
+	int yes = 0, err;
+
+	if (dev == peer) {
+		*can = true;
+		return CUVMM_OK;
+	}
+	err = PLAIN(d, CUVMM_CALL_PEER_QUERY, d->be->can_access_peer(d->state, dev, peer, &yes));
+	if (!err)
+		*can = yes != 0;
+	return err;
 }

@@ -56,8 +56,10 @@ struct cvm_backend {
 	/* Map a whole chunk at va (no access until set_access); unmap a range of whole mapped chunks. */
 	int (*map)(void *state, int dev, uintptr_t va, size_t size, cvm_handle h);
 	int (*unmap)(void *state, int dev, uintptr_t va, size_t size);
-	/* Make [va, va+size) readable and writable from device `dev`. */
-	int (*set_access)(void *state, int dev, uintptr_t va, size_t size);
+	/* Make [va, va+size), mapped with chunks of device `dev`, readable and writable from every device in
+	 * `devs` (bit i: device i; one CUmemAccessDesc each). `devs` includes `dev`; devices not in it keep
+	 * the access they had. */
+	int (*set_access)(void *state, int dev, uintptr_t va, size_t size, uint64_t devs);
 	int (*mem_info)(void *state, int dev, size_t *free_bytes, size_t *total_bytes);
 
 	/* Ordering with GPU work. query returns 0 (complete), CUDA_ERROR_NOT_READY (600), or an error. */
@@ -80,6 +82,9 @@ struct cvm_backend {
 	/* Is `stream` being captured into a CUDA graph? *id: the capture's id (unique in the process, never 0)
 	 * while a capture is active or was invalidated and not yet ended, else 0. Legal during any capture. */
 	int (*capture_id)(void *state, int dev, CUstream stream, uint64_t *id);
+	/* Peers: *can = 1 if device `dev` can access memory that lives on device `peer` (cuDeviceCanAccessPeer),
+	 * else 0. Needs neither device opened. */
+	int (*can_access_peer)(void *state, int dev, int peer, int *can);
 };
 
 extern const struct cvm_backend cvm_backend_cuda;
@@ -128,6 +133,11 @@ int cvm_drv_release(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, cv
 int cvm_drv_map(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size, cvm_handle h);
 int cvm_drv_unmap(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size);
 int cvm_drv_set_access(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size);
+/* The same for the devices of the mask `devs` (bit i: device i), which must include `dev`. */
+int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uint64_t devs, uintptr_t va,
+			    size_t size);
+/* *can: whether device `dev` can access memory on device `peer` (always for dev == peer, with no call). */
+int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can);
 int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes);
 int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev);
 void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev);
@@ -163,6 +173,21 @@ void cvm_host_gate_open(void);
  * returns the capture's id; end returns whether the capture survived (false: it was invalidated). */
 uint64_t cvm_host_capture_begin(CUstream stream);
 bool cvm_host_capture_end(CUstream stream);
+/* Several devices (CUVMM_HOST_DEVICES). The gate of one device: events recorded for it stay incomplete while
+ * it is closed, and its device synchronisations wait; the other devices run on. (cvm_host_gate_close/open
+ * close and open every device's.) A capture begun with _dev is one on a stream of device `dev`: only a
+ * synchronisation of that device invalidates it (cvm_host_capture_begin: of any device). */
+void cvm_host_gate_close_dev(int dev);
+void cvm_host_gate_open_dev(int dev);
+uint64_t cvm_host_capture_begin_dev(CUstream stream, int dev);
+/* Threads waiting in the host backend for device `dev`'s gate (event or device synchronisations). */
+unsigned cvm_host_gate_waiters(int dev);
+/* Peer access refused between two devices (process-wide, every host context): while set, device `dev`
+ * cannot access memory of `peer` (can_access_peer says 0 and set_access refuses it). */
+void cvm_host_peer_deny(int dev, int peer, bool deny);
+/* The devices with access to the host mapping containing `p` (bit i: device i), in any host context;
+ * 0 if none or not mapped. */
+uint64_t cvm_host_access(const void *p);
 
 /* Monotonic time in nanoseconds. */
 uint64_t cvm_now_ns(void);

@@ -34,6 +34,7 @@ typedef CUresult (*pfn_cuDriverGetVersion)(int *version);
 typedef CUresult (*pfn_cuDeviceGetCount)(int *count);
 typedef CUresult (*pfn_cuDeviceGet)(CUdevice *device, int ordinal);
 typedef CUresult (*pfn_cuDeviceGetAttribute)(int *pi, CUdevice_attribute attrib, CUdevice dev);
+typedef CUresult (*pfn_cuDeviceCanAccessPeer)(int *can, CUdevice dev, CUdevice peer);
 typedef CUresult (*pfn_cuDeviceGetName)(char *name, int len, CUdevice dev);
 typedef CUresult (*pfn_cuDeviceTotalMem)(size_t *bytes, CUdevice dev);
 typedef CUresult (*pfn_cuDevicePrimaryCtxRetain)(CUcontext *pctx, CUdevice dev);
@@ -82,6 +83,7 @@ typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureS
 	X(DeviceGetCount)                                                                                    \
 	X(DeviceGet)                                                                                         \
 	X(DeviceGetAttribute)                                                                                \
+	X(DeviceCanAccessPeer)                                                                               \
 	X(DeviceGetName)                                                                                     \
 	X(DeviceTotalMem)                                                                                    \
 	X(DevicePrimaryCtxRetain)                                                                            \
@@ -601,23 +603,49 @@ static int cuda_unmap(void *state, int dev, uintptr_t va, size_t size)
 	return r;
 }
 
-static int cuda_set_access(void *state, int dev, uintptr_t va, size_t size)
+/* One CUmemAccessDesc per device of `devs` (the owner `dev` among them), in one call: the driver's cost is
+ * per handle covered, not per device. */
+static int cuda_set_access(void *state, int dev, uintptr_t va, size_t size, uint64_t devs)
 {
 	struct cuda_state *s = state;
 	struct cuda_dev *d;
-	CUmemAccessDesc desc;
+	CUmemAccessDesc desc[CVM_CUDA_MAX_DEVICES];
 	struct cu_scope sc;
+	size_t n = 0;
 	CUresult r;
 
-	memset(&desc, 0, sizeof(desc));
-	desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	desc.location.id = dev;
-	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	memset(desc, 0, sizeof(desc));
+	for (int i = 0; i < CVM_CUDA_MAX_DEVICES; i++) {
+		if (!(devs >> i & 1))
+			continue;
+		if (i >= s->ndev)
+			return CUDA_ERROR_INVALID_DEVICE;
+		desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		desc[n].location.id = i;
+		desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		n++;
+	}
 	r = dev_enter(s, dev, &d, &sc);
 	if (r != CUDA_SUCCESS)
 		return r;
-	r = s->fn.MemSetAccess((CUdeviceptr)va, size, &desc, 1);
+	r = s->fn.MemSetAccess((CUdeviceptr)va, size, desc, n);
 	ctx_leave(s, sc);
+	return r;
+}
+
+static int cuda_can_access_peer(void *state, int dev, int peer, int *can)
+{
+	struct cuda_state *s = state;
+	CUdevice a, b;
+	CUresult r;
+
+	if (dev < 0 || dev >= s->ndev || peer < 0 || peer >= s->ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	r = s->fn.DeviceGet(&a, dev);
+	if (r == CUDA_SUCCESS)
+		r = s->fn.DeviceGet(&b, peer);
+	if (r == CUDA_SUCCESS)
+		r = s->fn.DeviceCanAccessPeer(can, a, b);
 	return r;
 }
 
@@ -908,6 +936,7 @@ const struct cvm_backend cvm_backend_cuda = {
 	.map = cuda_map,
 	.unmap = cuda_unmap,
 	.set_access = cuda_set_access,
+	.can_access_peer = cuda_can_access_peer,
 	.mem_info = cuda_mem_info,
 	.event_create = cuda_event_create,
 	.event_destroy = cuda_event_destroy,

@@ -12,6 +12,11 @@
  * -- or overwrite unrelated process memory.
  *
  * Work is synchronous, so events complete when recorded, except while the test gate is closed (see drv.h).
+ *
+ * Several devices (cfg->host_devices, CUVMM_HOST_DEVICES): each has its own chunks, gate (its events and
+ * synchronisations) and captures; they share the process's address space, as CUDA devices share one
+ * unified address space. Each mapping records which devices were granted access to it (cvm_host_access),
+ * and every device can access every other's memory unless a test says otherwise (cvm_host_peer_deny).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -30,17 +35,20 @@
 #include "log.h"
 
 #define HOST_DEFAULT_GRANULARITY ((size_t)2 << 20)
+#define HOST_MAX_DEVICES 64
 /* Set in a live chunk, cleared at release: turns some double releases into an error instead of a crash. */
 #define HOST_CHUNK_MAGIC 0x63766d63686e6bULL
 
 struct host_chunk {
 	uint64_t magic;
 	int fd;
+	int dev;
 	size_t size;
 };
 
 struct host_event {
-	uint64_t seq;     /* 0: complete; otherwise complete once the gate's completed_seq reaches it */
+	int dev;          /* recorded for this device: its gate completes it */
+	uint64_t seq;     /* 0: complete; otherwise complete once the device gate's completed_seq reaches it */
 	uint64_t capture; /* recorded into this capture (a graph node, not work): never queryable, as in CUDA */
 };
 
@@ -48,19 +56,50 @@ struct host_event {
 struct host_span {
 	uintptr_t va;
 	size_t size;
+	uint64_t access; /* mappings: the devices granted access (bit i: device i) */
 };
 
 struct host_state {
+	struct host_state *next; /* in `states`, for cvm_host_access */
 	size_t page;
 	size_t granularity;
-	size_t total_bytes;
+	size_t total_bytes; /* of each device */
+	int ndev;
 	/* Serialises the trees with the mmap calls that change what they describe, so a check and its effect
 	 * cannot be separated by another thread's map or unmap. */
 	pthread_mutex_t lock;
 	void *reservations; /* struct host_span *, disjoint */
 	void *mappings;     /* struct host_span *, disjoint, each inside a reservation */
 	size_t live_chunks;
+	size_t dev_chunks[HOST_MAX_DEVICES];
 };
+
+/* The open host contexts, for cvm_host_access (a test asks without a handle on the backend state). */
+static pthread_mutex_t states_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct host_state *states;
+
+/* Pairs of devices without peer access (cvm_host_peer_deny): bit `peer` of no_peer[dev]. */
+static _Atomic uint64_t no_peer[HOST_MAX_DEVICES];
+
+static bool bad_dev(const void *state, int dev)
+{
+	return dev < 0 || dev >= ((const struct host_state *)state)->ndev;
+}
+
+static bool peer_denied(int dev, int peer)
+{
+	return dev != peer && (atomic_load(&no_peer[dev]) >> peer & 1);
+}
+
+void cvm_host_peer_deny(int dev, int peer, bool deny)
+{
+	if (dev < 0 || dev >= HOST_MAX_DEVICES || peer < 0 || peer >= HOST_MAX_DEVICES)
+		return;
+	if (deny)
+		atomic_fetch_or(&no_peer[dev], (uint64_t)1 << peer);
+	else
+		atomic_fetch_and(&no_peer[dev], ~((uint64_t)1 << peer));
+}
 
 /*
  * The gate is process-wide on purpose: a test closes it without a handle on the context's backend state, and
@@ -69,28 +108,68 @@ struct host_state {
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t done;
-	bool closed;
-	uint64_t pending_seq;   /* last sequence number handed to an event recorded while closed */
-	uint64_t completed_seq; /* every event with seq <= this is complete */
+	struct {
+		bool closed;
+		uint64_t pending_seq;   /* last sequence number handed to an event recorded while closed */
+		uint64_t completed_seq; /* every event with seq <= this is complete */
+		unsigned waiters;       /* threads waiting for this gate */
+	} d[HOST_MAX_DEVICES];
 } gate = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.done = PTHREAD_COND_INITIALIZER,
 };
 
+static void gate_set(int dev, bool closed)
+{
+	if (dev < 0 || dev >= HOST_MAX_DEVICES)
+		return;
+	gate.d[dev].closed = closed;
+	if (!closed)
+		gate.d[dev].completed_seq = gate.d[dev].pending_seq;
+}
+
 void cvm_host_gate_close(void)
 {
 	pthread_mutex_lock(&gate.lock);
-	gate.closed = true;
+	for (int i = 0; i < HOST_MAX_DEVICES; i++)
+		gate_set(i, true);
 	pthread_mutex_unlock(&gate.lock);
 }
 
 void cvm_host_gate_open(void)
 {
 	pthread_mutex_lock(&gate.lock);
-	gate.closed = false;
-	gate.completed_seq = gate.pending_seq;
+	for (int i = 0; i < HOST_MAX_DEVICES; i++)
+		gate_set(i, false);
 	pthread_cond_broadcast(&gate.done);
 	pthread_mutex_unlock(&gate.lock);
+}
+
+void cvm_host_gate_close_dev(int dev)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate_set(dev, true);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+void cvm_host_gate_open_dev(int dev)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate_set(dev, false);
+	pthread_cond_broadcast(&gate.done);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+unsigned cvm_host_gate_waiters(int dev)
+{
+	unsigned n;
+
+	if (dev < 0 || dev >= HOST_MAX_DEVICES)
+		return 0;
+	pthread_mutex_lock(&gate.lock);
+	n = gate.d[dev].waiters;
+	pthread_mutex_unlock(&gate.lock);
+	return n;
 }
 
 /*
@@ -106,6 +185,7 @@ static struct {
 	struct {
 		CUstream stream; /* NULL: slot free */
 		uint64_t id;
+		int dev;         /* the stream's device; -1: any (cvm_host_capture_begin) */
 		bool invalidated;
 	} c[HOST_MAX_CAPTURES];
 	unsigned active;
@@ -114,6 +194,11 @@ static struct {
 };
 
 uint64_t cvm_host_capture_begin(CUstream stream)
+{
+	return cvm_host_capture_begin_dev(stream, -1);
+}
+
+uint64_t cvm_host_capture_begin_dev(CUstream stream, int dev)
 {
 	uint64_t id = 0;
 
@@ -124,6 +209,7 @@ uint64_t cvm_host_capture_begin(CUstream stream)
 		if (!cap.c[i].stream) {
 			cap.c[i].stream = stream;
 			cap.c[i].id = id = ++cap.next_id;
+			cap.c[i].dev = dev;
 			cap.c[i].invalidated = false;
 			cap.active++;
 			break;
@@ -163,24 +249,37 @@ static uint64_t capture_of(CUstream stream)
 	return id;
 }
 
-/* Break the capture `id` (0: every capture under way) and return the error CUDA would have given. */
-static int capture_break(uint64_t id, int cu)
+static bool capture_on(int i, int dev)
+{
+	return cap.c[i].stream && (dev < 0 || cap.c[i].dev < 0 || cap.c[i].dev == dev);
+}
+
+/* Break the capture `id` (0: every capture under way on device `dev`, -1: on any) and return the error CUDA
+ * would have given. */
+static int capture_break_dev(uint64_t id, int dev, int cu)
 {
 	pthread_mutex_lock(&cap.lock);
 	for (int i = 0; i < HOST_MAX_CAPTURES; i++)
-		if (cap.c[i].stream && (!id || cap.c[i].id == id))
+		if (capture_on(i, dev) && (!id || cap.c[i].id == id))
 			cap.c[i].invalidated = true;
 	pthread_mutex_unlock(&cap.lock);
 	cvm_warn("host backend: a stream capture was invalidated (CUresult %d)", cu);
 	return cu;
 }
 
-static bool capture_any(void)
+static int capture_break(uint64_t id, int cu)
 {
-	bool any;
+	return capture_break_dev(id, -1, cu);
+}
+
+/* Is a capture under way on a stream of device `dev`? */
+static bool capture_any(int dev)
+{
+	bool any = false;
 
 	pthread_mutex_lock(&cap.lock);
-	any = cap.active > 0;
+	for (int i = 0; cap.active && i < HOST_MAX_CAPTURES; i++)
+		any |= capture_on(i, dev);
 	pthread_mutex_unlock(&cap.lock);
 	return any;
 }
@@ -227,7 +326,7 @@ static int span_cmp(const void *a, const void *b)
 
 static struct host_span *span_find(void *const *root, uintptr_t va, size_t size)
 {
-	struct host_span key = { va, size };
+	struct host_span key = { va, size, 0 };
 	void *node = tfind(&key, root, span_cmp);
 
 	return node ? *(struct host_span **)node : NULL;
@@ -242,6 +341,7 @@ static int span_add(void **root, uintptr_t va, size_t size)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	s->va = va;
 	s->size = size;
+	s->access = 0;
 	node = tsearch(s, root, span_cmp);
 	if (!node || *(struct host_span **)node != s) {
 		free(s);
@@ -311,10 +411,15 @@ static int host_open(const struct cuvmm_config *cfg, void **state)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	size_t gran = cfg && cfg->host_granularity ? cfg->host_granularity : HOST_DEFAULT_GRANULARITY;
+	int ndev = cfg && cfg->host_devices ? cfg->host_devices : 1;
 	struct host_state *st;
 
 	if (page <= 0 || gran < (size_t)page || (gran & (gran - 1))) {
 		cvm_err("host backend: granularity %zu is not a power of two >= the page size (%ld)", gran, page);
+		return CUVMM_EINVAL;
+	}
+	if (ndev < 1 || ndev > HOST_MAX_DEVICES) {
+		cvm_err("host backend: %d devices asked for; 1 to %d can be emulated", ndev, HOST_MAX_DEVICES);
 		return CUVMM_EINVAL;
 	}
 	st = calloc(1, sizeof(*st));
@@ -326,8 +431,13 @@ static int host_open(const struct cuvmm_config *cfg, void **state)
 	}
 	st->page = (size_t)page;
 	st->granularity = gran;
+	st->ndev = ndev;
 	st->total_bytes = cfg && cfg->device_limit_bytes ? cfg->device_limit_bytes : phys_bytes(st->page);
-	cvm_info("host backend: granularity %zu, %zu bytes", st->granularity, st->total_bytes);
+	cvm_info("host backend: %d device(s), granularity %zu, %zu bytes", ndev, st->granularity, st->total_bytes);
+	pthread_mutex_lock(&states_lock);
+	st->next = states;
+	states = st;
+	pthread_mutex_unlock(&states_lock);
 	*state = st;
 	return CUVMM_OK;
 }
@@ -338,6 +448,14 @@ static void host_close(void *state)
 
 	if (!st)
 		return;
+	pthread_mutex_lock(&states_lock);
+	for (struct host_state **pp = &states; *pp; pp = &(*pp)->next) {
+		if (*pp == st) {
+			*pp = st->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&states_lock);
 	/* Leftovers are a library bug; their memory is left alone because the application may still touch it. */
 	if (st->reservations || st->mappings || st->live_chunks)
 		cvm_warn("host backend: closed with %s%s%zu chunks still held",
@@ -350,8 +468,7 @@ static void host_close(void *state)
 
 static int host_device_count(void *state, int *count)
 {
-	(void)state;
-	*count = 1;
+	*count = ((struct host_state *)state)->ndev;
 	return CUDA_SUCCESS;
 }
 
@@ -359,11 +476,14 @@ static int host_device_open(void *state, int dev, struct cvm_devinfo *info)
 {
 	struct host_state *st = state;
 
-	if (dev != 0)
+	if (bad_dev(st, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	info->granularity = st->granularity;
 	info->total_bytes = st->total_bytes;
-	snprintf(info->name, sizeof(info->name), "host");
+	if (st->ndev > 1)
+		snprintf(info->name, sizeof(info->name), "host %d", dev);
+	else
+		snprintf(info->name, sizeof(info->name), "host");
 	return CUDA_SUCCESS;
 }
 
@@ -381,7 +501,7 @@ static int host_reserve(void *state, int dev, size_t size, uintptr_t *va)
 	void *p;
 	int cu;
 
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (size == 0 || size % gran)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -416,7 +536,7 @@ static int host_unreserve(void *state, int dev, uintptr_t va, size_t size)
 	struct host_span *r;
 	int cu = CUDA_SUCCESS;
 
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!range_ok(va, size))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -439,7 +559,7 @@ static int host_create(void *state, int dev, size_t size, cvm_handle *h)
 	struct host_chunk *c;
 	int fd, r, e;
 
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (size == 0 || size % st->granularity || size > (size_t)INT64_MAX)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -472,9 +592,11 @@ static int host_create(void *state, int dev, size_t size, cvm_handle *h)
 	}
 	c->magic = HOST_CHUNK_MAGIC;
 	c->fd = fd;
+	c->dev = dev;
 	c->size = size;
 	pthread_mutex_lock(&st->lock);
 	st->live_chunks++;
+	st->dev_chunks[dev]++;
 	pthread_mutex_unlock(&st->lock);
 	*h = (cvm_handle)(uintptr_t)c;
 	return CUDA_SUCCESS;
@@ -485,16 +607,18 @@ static int host_release(void *state, int dev, cvm_handle h)
 	struct host_state *st = state;
 	struct host_chunk *c = (struct host_chunk *)(uintptr_t)h;
 
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!c || c->magic != HOST_CHUNK_MAGIC)
 		return CUDA_ERROR_INVALID_VALUE;
 	c->magic = 0;
+	dev = c->dev;
 	/* As with cuMemRelease, pages still mapped stay until unmapped: the mapping holds its own file reference. */
 	close(c->fd);
 	free(c);
 	pthread_mutex_lock(&st->lock);
 	st->live_chunks--;
+	st->dev_chunks[dev]--;
 	pthread_mutex_unlock(&st->lock);
 	return CUDA_SUCCESS;
 }
@@ -516,7 +640,7 @@ static int host_map(void *state, int dev, uintptr_t va, size_t size, cvm_handle 
 	void *p;
 	int cu, e;
 
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	/* A handle is mapped whole, as on the H200: partial mappings of a chunk are not something the library does. */
 	if (!c || c->magic != HOST_CHUNK_MAGIC || size != c->size || !range_ok(va, size) || va % st->granularity)
@@ -552,7 +676,7 @@ static int host_unmap(void *state, int dev, uintptr_t va, size_t size)
 	uintptr_t at;
 	int e;
 
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!range_ok(va, size))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -576,15 +700,19 @@ static int host_unmap(void *state, int dev, uintptr_t va, size_t size)
 	return CUDA_SUCCESS;
 }
 
-static int host_set_access(void *state, int dev, uintptr_t va, size_t size)
+static int host_set_access(void *state, int dev, uintptr_t va, size_t size, uint64_t devs)
 {
 	struct host_state *st = state;
 	int cu = CUDA_SUCCESS;
 
-	if (dev != 0)
+	if (bad_dev(st, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!range_ok(va, size))
 		return CUDA_ERROR_INVALID_VALUE;
+	/* Every device named must exist and be able to reach `dev`'s memory, as cuMemSetAccess demands. */
+	for (int p = 0; p < HOST_MAX_DEVICES; p++)
+		if ((devs >> p & 1) && (p >= st->ndev || peer_denied(p, dev)))
+			return CUDA_ERROR_INVALID_DEVICE;
 	/* mprotect would happily make a bare reservation writable (as private anonymous memory); the driver
 	 * refuses a range that is not fully mapped, so refuse it too. */
 	pthread_mutex_lock(&st->lock);
@@ -592,8 +720,40 @@ static int host_set_access(void *state, int dev, uintptr_t va, size_t size)
 		cu = CUDA_ERROR_INVALID_VALUE;
 	else if (mprotect((void *)va, size, PROT_READ | PROT_WRITE))
 		cu = fail_errno("set_access mprotect", errno);
+	for (uintptr_t at = va; !cu && at < va + size;) {
+		struct host_span *m = span_find(&st->mappings, at, 1);
+
+		m->access |= devs;
+		at = m->va + m->size;
+	}
 	pthread_mutex_unlock(&st->lock);
 	return cu;
+}
+
+uint64_t cvm_host_access(const void *p)
+{
+	uint64_t access = 0;
+
+	pthread_mutex_lock(&states_lock);
+	for (struct host_state *st = states; st && !access; st = st->next) {
+		struct host_span *m;
+
+		pthread_mutex_lock(&st->lock);
+		m = span_find(&st->mappings, (uintptr_t)p, 1);
+		if (m)
+			access = m->access;
+		pthread_mutex_unlock(&st->lock);
+	}
+	pthread_mutex_unlock(&states_lock);
+	return access;
+}
+
+static int host_can_access_peer(void *state, int dev, int peer, int *can)
+{
+	if (bad_dev(state, dev) || bad_dev(state, peer))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = !peer_denied(dev, peer);
+	return CUDA_SUCCESS;
 }
 
 static int host_mem_info(void *state, int dev, size_t *free_bytes, size_t *total_bytes)
@@ -601,7 +761,7 @@ static int host_mem_info(void *state, int dev, size_t *free_bytes, size_t *total
 	struct host_state *st = state;
 	size_t avail;
 
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	avail = avail_bytes(st->page);
 	*free_bytes = avail < st->total_bytes ? avail : st->total_bytes;
@@ -614,7 +774,7 @@ static int host_event_create(void *state, int dev, cvm_event *ev)
 	struct host_event *e;
 
 	(void)state;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	e = calloc(1, sizeof(*e));
 	if (!e)
@@ -637,15 +797,16 @@ static int host_event_record(void *state, int dev, cvm_event ev, CUstream stream
 
 	(void)state;
 	(void)stream;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!e)
 		return CUDA_ERROR_INVALID_VALUE;
+	e->dev = dev;
 	e->capture = capture_of(stream);
 	if (e->capture)
 		return CUDA_SUCCESS; /* a node of the graph: nothing runs now */
 	pthread_mutex_lock(&gate.lock);
-	e->seq = gate.closed ? ++gate.pending_seq : 0;
+	e->seq = gate.d[dev].closed ? ++gate.d[dev].pending_seq : 0;
 	pthread_mutex_unlock(&gate.lock);
 	return CUDA_SUCCESS;
 }
@@ -656,14 +817,14 @@ static int host_event_query(void *state, int dev, cvm_event ev)
 	bool done;
 
 	(void)state;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!e)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (e->capture)
 		return capture_break(e->capture, CUDA_ERROR_CAPTURED_EVENT);
 	pthread_mutex_lock(&gate.lock);
-	done = e->seq <= gate.completed_seq;
+	done = e->seq <= gate.d[e->dev].completed_seq;
 	pthread_mutex_unlock(&gate.lock);
 	return done ? CUDA_SUCCESS : CVM_CU_NOT_READY;
 }
@@ -673,26 +834,30 @@ static int host_event_sync(void *state, int dev, cvm_event ev)
 	struct host_event *e = ev;
 
 	(void)state;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!e)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (e->capture)
 		return capture_break(e->capture, CUDA_ERROR_CAPTURED_EVENT);
 	pthread_mutex_lock(&gate.lock);
-	while (e->seq > gate.completed_seq)
+	gate.d[e->dev].waiters++;
+	while (e->seq > gate.d[e->dev].completed_seq)
 		pthread_cond_wait(&gate.done, &gate.lock);
+	gate.d[e->dev].waiters--;
 	pthread_mutex_unlock(&gate.lock);
 	return CUDA_SUCCESS;
 }
 
 /* Everything recorded so far, not "the gate is open": work queued after this call is not waited for, and a
  * closed gate with nothing recorded behind it holds nothing up. */
-static int sync_all(void)
+static int sync_all(int dev)
 {
 	pthread_mutex_lock(&gate.lock);
-	while (gate.completed_seq != gate.pending_seq)
+	gate.d[dev].waiters++;
+	while (gate.d[dev].completed_seq != gate.d[dev].pending_seq)
 		pthread_cond_wait(&gate.done, &gate.lock);
+	gate.d[dev].waiters--;
 	pthread_mutex_unlock(&gate.lock);
 	return CUDA_SUCCESS;
 }
@@ -700,12 +865,12 @@ static int sync_all(void)
 static int host_device_sync(void *state, int dev)
 {
 	(void)state;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	/* Synchronising a context while any of its streams captures is invalid. */
-	if (capture_any())
-		return capture_break(0, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-	return sync_all();
+	if (capture_any(dev))
+		return capture_break_dev(0, dev, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	return sync_all(dev);
 }
 
 static int host_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
@@ -717,7 +882,7 @@ static int host_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
 	if (e && e->capture && capture_of(stream) != e->capture)
 		return capture_break(e->capture, CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
 	/* Host work runs in call order, so it is already behind the event. */
-	return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+	return bad_dev(state, dev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
 static int host_host_alloc(void *state, size_t size, void **p)
@@ -746,7 +911,7 @@ static int host_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t
 	(void)state;
 	if (capture_of(stream))
 		return capture_break(capture_of(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (size && (!dst || !src))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -759,7 +924,7 @@ static int host_copy_htod(void *state, int dev, uintptr_t dst, const void *src, 
 	(void)state;
 	if (capture_of(stream))
 		return capture_break(capture_of(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (size && (!dst || !src))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -772,7 +937,7 @@ static int host_stream_create(void *state, int dev, CUstream *stream)
 	void *s;
 
 	(void)state;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	/* Only identity matters: a live allocation is a unique non-NULL pointer. */
 	s = malloc(1);
@@ -794,17 +959,17 @@ static int host_stream_destroy(void *state, int dev, CUstream stream)
 static int host_stream_sync(void *state, int dev, CUstream stream)
 {
 	(void)state;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (capture_of(stream))
 		return capture_break(capture_of(stream), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-	return sync_all();
+	return sync_all(dev);
 }
 
 static int host_capture_id(void *state, int dev, CUstream stream, uint64_t *id)
 {
 	(void)state;
-	if (dev != 0)
+	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	*id = capture_of(stream);
 	return CUDA_SUCCESS;
@@ -841,4 +1006,5 @@ const struct cvm_backend cvm_backend_host = {
 	.stream_destroy = host_stream_destroy,
 	.stream_sync = host_stream_sync,
 	.capture_id = host_capture_id,
+	.can_access_peer = host_can_access_peer,
 };

@@ -333,7 +333,7 @@ int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, st
 		goto fail;
 	}
 	for (t = 0; t < cfg->tensors; t++) {
-		err = cvm_region_init(&kv->t[t], ctx, cfg->device, total, 0);
+		err = cvm_region_init_peers(&kv->t[t], ctx, cfg->device, total, 0, cfg->peer_access);
 		if (err)
 			goto fail;
 		kv->t[t].acct.live_private = true;

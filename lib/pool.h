@@ -19,6 +19,9 @@
  *
  * Frees without a stream are fenced device-wide (epoch tags, see ctx.h); frees on a stream carry an
  * event and are reusable at once on that stream, on others once the event has completed.
+ *
+ * This header is the pool's struct, for the layers that reach it (graph.c, torch.c). The functions the
+ * pool's own files share, and which file does what, are in pool_int.h.
  */
 #ifndef CVM_POOL_H
 #define CVM_POOL_H
@@ -53,7 +56,7 @@ struct cvm_run_bins {
 	uint64_t nonempty[CVM_NBINS / 64];
 };
 
-struct cvm_dfree; /* a small allocation freed on a stream, waiting for its event */
+struct cvm_dfree; /* a small or packed allocation freed on a stream, waiting for its event */
 
 struct cuvmm_pool {
 	struct cvm_client client;
@@ -71,10 +74,10 @@ struct cuvmm_pool {
 	struct cvm_pack pack;          /* allocations above small_max up to pack_max */
 	unsigned nsmall;               /* size classes in use */
 	struct cvm_slab *partial[CVM_NSMALL]; /* slabs with a free slot, per class */
-	struct cvm_dfree *dq_head, *dq_tail;   /* small frees on streams, oldest first */
+	struct cvm_dfree *dq_head, *dq_tail;   /* small and packed frees on streams, oldest first */
 	size_t ndq;
 	size_t live;                   /* bytes handed out (under the lock; pacct mirrors it) */
-	size_t fp;                     /* footprint: bytes of USED and SLAB runs */
+	size_t fp;                     /* footprint: bytes of USED, SLAB and PACK runs */
 	size_t win_peak, prev_peak;    /* peak footprint in this and the previous window, for the slack cap */
 	uint64_t win_start;
 	struct cvm_acct pacct;         /* live bytes of the pool, feeding the device's */

@@ -1,5 +1,9 @@
 /*
  * Regions: reserved address ranges mapped on demand, with fenced unmaps. See region.h.
+ *
+ * Access: every mapping of the library (a region's, a pool's, a kv object's, a wake's) is granted here, by
+ * region_access, to the region's device and its peers (r->peers); cuvmm_ctx_add_peer grants a new peer
+ * what every region of a device has mapped already.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +88,12 @@ void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_fence *f)
 
 /* ----- mapping ----- */
 
+/* Grant [va, va+size) to the devices that get access to the region's memory: the one place that does. */
+static int region_access(struct cuvmm_region *r, uintptr_t va, size_t size)
+{
+	return cvm_drv_set_access_devs(CVM_DRV(r->dev), &r->cnt, r->dev->index, r->peers, va, size);
+}
+
 static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state)
 {
 	size_t n = cvm_span(r, c);
@@ -96,6 +106,29 @@ static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uin
 	}
 }
 
+/*
+ * An unmap the driver refused (the chunk of `span` granules at g, whose granules were not counted pending):
+ * the chunk stays mapped, its granules DONE and counted pending, so that cvm_region_process_locked retries
+ * it (over the whole region once no fence is left). The one place of that rule.
+ */
+static void keep_stuck(struct cuvmm_region *r, size_t g, size_t span)
+{
+	for (size_t i = 0; i < span; i++)
+		r->slot[g + i].state = CVM_SLOT_DONE;
+	r->npending += span;
+}
+
+/* The chunk c at granule g has been unmapped: its slots are empty, its bytes no longer mapped. */
+static void chunk_gone(struct cuvmm_region *r, size_t g, struct cvm_chunk *c)
+{
+	for (size_t i = 0; i < cvm_span(r, c); i++) {
+		r->slot[g + i].chunk = NULL;
+		r->slot[g + i].state = CVM_SLOT_UNMAPPED;
+		r->slot[g + i].noacc = 0;
+	}
+	cvm_acct_map(&r->acct, -(int64_t)c->size);
+}
+
 void cvm_region_quarantine_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c)
 {
 	size_t span = cvm_span(r, c);
@@ -104,11 +137,10 @@ void cvm_region_quarantine_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 		slot_va(r, g));
 	for (size_t i = 0; i < span; i++) {
 		r->slot[g + i].chunk = c;
-		r->slot[g + i].state = CVM_SLOT_DONE;
 		r->slot[g + i].pend = 0;
 		r->slot[g + i].noacc = 1;
 	}
-	r->npending += span;
+	keep_stuck(r, g, span);
 }
 
 int cvm_region_grant_locked(struct cuvmm_region *r, size_t g)
@@ -121,7 +153,7 @@ int cvm_region_grant_locked(struct cuvmm_region *r, size_t g)
 		return CUVMM_OK;
 	span = cvm_span(r, c);
 	first = g & ~(span - 1); /* chunks sit on their own alignment */
-	err = cvm_drv_set_access(CVM_DRV(r->dev), &r->cnt, r->dev->index, (uintptr_t)slot_va(r, first), c->size);
+	err = region_access(r, (uintptr_t)slot_va(r, first), c->size);
 	if (err)
 		return err;
 	for (size_t i = 0; i < span; i++)
@@ -139,12 +171,7 @@ int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 			cuvmm_strerror(err), cuvmm_last_driver_error());
 		return err;
 	}
-	for (size_t i = 0; i < cvm_span(r, c); i++) {
-		r->slot[g + i].chunk = NULL;
-		r->slot[g + i].state = CVM_SLOT_UNMAPPED;
-		r->slot[g + i].noacc = 0;
-	}
-	cvm_acct_map(&r->acct, -(int64_t)c->size);
+	chunk_gone(r, g, c);
 	if (keep)
 		*keep = c;
 	else
@@ -162,7 +189,7 @@ int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chu
 		cvm_phys_undo(&r->dev->phys, c);
 		return err;
 	}
-	err = cvm_drv_set_access(d, &r->cnt, r->dev->index, va, c->size);
+	err = region_access(r, va, c->size);
 	if (err) {
 		if (cvm_drv_unmap(d, &r->cnt, r->dev->index, va, c->size)) {
 			/* Still mapped: it must not reach the cache (another object would map it twice). */
@@ -248,7 +275,7 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 			slots_set(r, j, c, CVM_SLOT_NEW);
 			j += (size_t)1 << cls;
 		}
-		err = cvm_drv_set_access(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, g), (run - g) << r->gshift);
+		err = region_access(r, (uintptr_t)slot_va(r, g), (run - g) << r->gshift);
 		if (err)
 			goto undo;
 		newly += run - g;
@@ -320,7 +347,7 @@ static int unmap_done(struct cuvmm_region *r, size_t first, size_t end)
 			;
 		if (i == span) {
 			if (chunk_unmap(r, g))
-				stuck = 1;
+				stuck = 1; /* DONE and counted pending already: keep_stuck's rule holds */
 			else
 				r->npending -= span;
 		}
@@ -396,6 +423,73 @@ size_t cvm_region_count_locked(struct cuvmm_region *r, size_t first, size_t n, e
 	return k;
 }
 
+/* ----- for allocators that unmap what they freed (pool) ----- */
+
+size_t cvm_region_chunk_end_locked(const struct cuvmm_region *r, size_t g)
+{
+	const struct cvm_chunk *c = r->slot[g].chunk;
+
+	return c ? (g | (cvm_span(r, c) - 1)) + 1 : g + 1; /* chunks sit on their own alignment */
+}
+
+int cvm_region_release_locked(struct cuvmm_region *r, size_t first, size_t n, uint64_t since)
+{
+	struct cvm_fence *f;
+	int err;
+
+	/* A fence without a stream is complete: the caller established that no work touches the granules. */
+	err = cvm_region_fence_locked(r, NULL, &f);
+	if (err)
+		return err;
+	/* The chunks have been idle since `since`: they carry that into the device's cache. */
+	for (size_t g = first; g < first + n; g++)
+		if (r->slot[g].chunk)
+			r->slot[g].chunk->freed_ns = since;
+	cvm_region_unmap_locked(r, first, n, f);
+	return CUVMM_OK;
+}
+
+int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granules *v, size_t nv)
+{
+	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct { size_t g; struct cvm_chunk *c; uint64_t since; int err; } *u;
+	size_t n = 0, i = 0;
+
+	for (size_t k = 0; k < nv; k++)
+		for (size_t g = v[k].first; g < v[k].first + v[k].n; g = cvm_region_chunk_end_locked(r, g))
+			n += r->slot[g].chunk != NULL;
+	u = malloc((n ? n : 1) * sizeof(*u));
+	if (!u)
+		return CUVMM_ENOMEM;
+	for (size_t k = 0; k < nv; k++)
+		for (size_t g = v[k].first; g < v[k].first + v[k].n; g = cvm_region_chunk_end_locked(r, g)) {
+			if (!r->slot[g].chunk)
+				continue;
+			u[i].g = g;
+			u[i].c = r->slot[g].chunk;
+			u[i].since = v[k].since;
+			i++;
+		}
+	pthread_mutex_unlock(&r->lock);
+	for (i = 0; i < n; i++)
+		u[i].err = cvm_drv_unmap(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, u[i].g), u[i].c->size);
+	pthread_mutex_lock(&r->lock);
+	for (i = 0; i < n; i++) {
+		size_t span = cvm_span(r, u[i].c);
+
+		cvm_acct_live(&r->acct, -(int64_t)(span << r->gshift));
+		if (u[i].err) {
+			keep_stuck(r, u[i].g, span);
+			continue;
+		}
+		chunk_gone(r, u[i].g, u[i].c);
+		u[i].c->freed_ns = u[i].since;
+		cvm_phys_put(&r->dev->phys, u[i].c);
+	}
+	free(u);
+	return CUVMM_OK;
+}
+
 /* ----- lifetime ----- */
 
 static uint64_t region_reclaim(struct cvm_client *c, uint64_t now, bool force)
@@ -423,7 +517,37 @@ static void region_client_stats(struct cvm_client *c, struct cuvmm_stats *out, c
 static const struct cvm_client_ops region_ops = {.reclaim = region_reclaim, .stats = region_client_stats,
 						 .kind = "region"};
 
+/* Join the device's list of regions, taking the peers added to the device meanwhile. */
+static void dev_link(struct cuvmm_region *r)
+{
+	struct cvm_dev *dev = r->dev;
+
+	pthread_mutex_lock(&dev->regions_lock);
+	r->peers |= dev->peers_added;
+	r->dev_next = dev->regions;
+	r->dev_prev = &dev->regions;
+	if (dev->regions)
+		dev->regions->dev_prev = &r->dev_next;
+	dev->regions = r;
+	pthread_mutex_unlock(&dev->regions_lock);
+}
+
+static void dev_unlink(struct cuvmm_region *r)
+{
+	pthread_mutex_lock(&r->dev->regions_lock);
+	*r->dev_prev = r->dev_next;
+	if (r->dev_next)
+		r->dev_next->dev_prev = r->dev_prev;
+	pthread_mutex_unlock(&r->dev->regions_lock);
+}
+
 int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran)
+{
+	return cvm_region_init_peers(r, ctx, device, max_bytes, gran, 0);
+}
+
+int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran,
+			  uint64_t peers)
 {
 	struct cvm_dev *dev;
 	size_t size;
@@ -431,6 +555,9 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 	int err;
 
 	err = cvm_ctx_dev(ctx, device, &dev);
+	if (err)
+		return err;
+	err = cvm_ctx_peers(ctx, device, peers ? peers : ctx->cfg.peer_access, &peers);
 	if (err)
 		return err;
 	if (!gran)
@@ -450,6 +577,7 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 	r->gran = gran;
 	r->gshift = (unsigned)__builtin_ctzll(gran);
 	r->cls0 = (uint8_t)cls0;
+	r->peers = peers;
 	r->size = size;
 	r->npages = size >> r->gshift;
 	r->acct.parent = &dev->acct;
@@ -469,6 +597,7 @@ int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, s
 		goto fail;
 	}
 	cvm_acct_reserved(&r->acct, (int64_t)size);
+	dev_link(r);
 	return CUVMM_OK;
 fail:
 	if (cvm_drv_unreserve(CVM_DRV(dev), device, r->base, size))
@@ -482,6 +611,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 {
 	struct cvm_drv *d = CVM_DRV(r->dev);
 
+	dev_unlink(r);
 	pthread_mutex_lock(&r->lock);
 	if (r->npending)
 		cvm_region_process_locked(r, cvm_now_ns(), true);
@@ -704,4 +834,74 @@ int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out)
 		return CUVMM_EINVAL;
 	cvm_acct_fill(&r->acct, &r->cnt, out);
 	return CUVMM_OK;
+}
+
+/* ----- peers ----- */
+
+/* Grant `peer` everything the region has mapped (live, or pending its unmap: a kernel of the peer may
+ * still read it), run by run. Quarantined chunks are left to cvm_region_grant_locked, which grants r->peers
+ * when they are taken back. On failure r->peers is unchanged (some runs may be granted already). */
+static int region_add_peer_locked(struct cuvmm_region *r, int peer)
+{
+	uint64_t bit = (uint64_t)1 << peer;
+
+	if (r->peers & bit)
+		return CUVMM_OK;
+	for (size_t g = 0; g < r->npages;) {
+		size_t run = g;
+		int err;
+
+		while (run < r->npages && r->slot[run].chunk && r->slot[run].state != CVM_SLOT_UNMAPPED &&
+		       !r->slot[run].noacc)
+			run++;
+		if (run == g) {
+			g++;
+			continue;
+		}
+		err = cvm_drv_set_access_devs(CVM_DRV(r->dev), &r->cnt, r->dev->index, bit, (uintptr_t)slot_va(r, g),
+					      (run - g) << r->gshift);
+		if (err)
+			return err;
+		g = run;
+	}
+	r->peers |= bit;
+	return CUVMM_OK;
+}
+
+int cuvmm_ctx_add_peer(struct cuvmm_ctx *ctx, int device, int peer)
+{
+	struct cvm_dev *dev;
+	uint64_t peers;
+	int err;
+
+	if (!ctx || device < 0 || device >= ctx->ndev || peer < 0 || peer >= ctx->ndev)
+		return CUVMM_EINVAL;
+	err = cvm_ctx_dev(ctx, device, &dev);
+	if (!err)
+		err = cvm_ctx_peers(ctx, device, (uint64_t)1 << peer, &peers);
+	if (err)
+		return err;
+	pthread_mutex_lock(&dev->regions_lock);
+	for (struct cuvmm_region *r = dev->regions; r && !err; r = r->dev_next) {
+		pthread_mutex_lock(&r->lock);
+		err = region_add_peer_locked(r, peer);
+		pthread_mutex_unlock(&r->lock);
+	}
+	if (!err)
+		dev->peers_added |= (uint64_t)1 << peer;
+	pthread_mutex_unlock(&dev->regions_lock);
+	cvm_ctx_poll(ctx);
+	return err;
+}
+
+uint64_t cuvmm_region_peers(struct cuvmm_region *r)
+{
+	uint64_t peers;
+
+	if (!r)
+		return 0;
+	pthread_mutex_lock(&r->lock);
+	peers = r->peers;
+	pthread_mutex_unlock(&r->lock);
+	return peers;
 }

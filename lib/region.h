@@ -79,6 +79,8 @@ struct cuvmm_region {
 	size_t host_keep_bytes;
 	struct cvm_acct acct;
 	struct cvm_drv_counters cnt;
+	uint64_t peers;       /* devices granted access to every mapping (bit i: device i; its own included) */
+	struct cuvmm_region *dev_next, **dev_prev; /* in dev->regions */
 };
 
 /*
@@ -103,6 +105,11 @@ static inline size_t cvm_span(const struct cuvmm_region *r, const struct cvm_chu
 /* Create a region without registering it as a client (for objects that own one and reclaim it).
  * gran: its unit of mapping, a power of two >= the device granularity; 0: the device granularity. */
 int cvm_region_init(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran);
+/* The same with the devices to grant access to its memory: `peers` as a pool or kv config's peer_access
+ * (0: the context's peer_access), plus those cuvmm_ctx_add_peer added to the device. CUVMM_ENOTSUP where
+ * one cannot access the device's memory (nothing reserved then). */
+int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int device, size_t max_bytes, size_t gran,
+			  uint64_t peers);
 void cvm_region_fini(struct cuvmm_region *r);
 
 /* Map granules [first, first+n) that are not mapped (UNMAPPED), using chunks of up to 2^max_cls slots where a
@@ -140,5 +147,31 @@ int cvm_region_grant_locked(struct cuvmm_region *r, size_t g);
 int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk **keep);
 /* Is any granule of [first, first+n) in the given state? */
 size_t cvm_region_count_locked(struct cuvmm_region *r, size_t first, size_t n, enum cvm_slot_state st);
+
+/*
+ * For an allocator that hands out the region's granules and unmaps them once they are free (pool.c): it
+ * never touches the slots itself.
+ */
+/* Granules waiting to be unmapped (PENDING or DONE, including unmaps the driver refused, to be retried). */
+static inline size_t cvm_region_pending_locked(const struct cuvmm_region *r)
+{
+	return r->npending;
+}
+/* The granule after the chunk mapped at granule g (g + 1 where nothing is mapped): whether a cut at granule
+ * c falls between chunks is cvm_region_chunk_end_locked(r, c - 1) == c. */
+size_t cvm_region_chunk_end_locked(const struct cuvmm_region *r, size_t g);
+/* The MAPPED granules [first, first+n), which no GPU work touches any more (the caller established it), are
+ * to be unmapped: by the next cvm_region_process_locked, their chunks idle since `since` into the device's
+ * cache. CUVMM_ENOMEM, nothing changed, when there is no memory for the bookkeeping. */
+int cvm_region_release_locked(struct cuvmm_region *r, size_t first, size_t n, uint64_t since);
+struct cvm_granules {
+	size_t first, n;
+	uint64_t since; /* idle since (ns): the chunks carry it into the device's cache */
+};
+/* Unmap now, with r->lock dropped around the driver calls, the chunks of the granule ranges v[0..nv): MAPPED,
+ * whole chunks, no GPU work touching them, and kept from every other use by the caller meanwhile. Called with
+ * the lock held, returns with it held. A chunk the driver refuses stays mapped, DONE, for a later pass to
+ * retry. CUVMM_ENOMEM, nothing done and the lock kept, when there is no memory for the list. */
+int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granules *v, size_t nv);
 
 #endif /* CVM_REGION_H */

@@ -12,6 +12,7 @@
 #include "common.h"
 #include "drv.h"
 #include "gpu.h"
+#include "region.h"
 
 #define G (2 * TC_MiB) /* the granularity on both backends (host default, H200) */
 #define RSENTINEL ((struct cuvmm_region *)(uintptr_t)0xdeadbeef)
@@ -1032,6 +1033,62 @@ START_TEST(test_fault_unmap_retried)
 }
 END_TEST
 
+/*
+ * The calls a pool makes instead of touching slots (region.h): where a chunk ends, the release of safe
+ * granules, and the unmap with the lock dropped, whose refused chunk stays mapped, pending, for a later pass.
+ */
+START_TEST(test_pool_calls)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_region *r;
+	struct cvm_granules v[2] = {{0, 4, 1}, {4, 4, 1}};
+
+	tc_config(&cfg);
+	cfg.background_release = false; /* no pass but the ones below */
+	cfg.release_delay_ms = -1;
+	ctx = tc_ctx(&cfg);
+	r = region(ctx, 16 * G);
+	pthread_mutex_lock(&r->lock);
+	ck_assert_int_eq(cvm_region_map_locked(r, 0, 8, 2), CUVMM_OK); /* two chunks of 4 granules */
+	ck_assert_uint_eq(cvm_region_chunk_end_locked(r, 0), 4);
+	ck_assert_uint_eq(cvm_region_chunk_end_locked(r, 3), 4);
+	ck_assert_uint_eq(cvm_region_chunk_end_locked(r, 5), 8);
+	ck_assert_uint_eq(cvm_region_chunk_end_locked(r, 9), 10); /* nothing mapped there */
+	ck_assert_uint_eq(cvm_region_pending_locked(r), 0);
+	pthread_mutex_unlock(&r->lock);
+	expect_region(ctx, r, 8 * G, 8 * G);
+
+	/* The first chunk's unmap is refused: it stays mapped, not live, pending; the second goes at once. */
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_UNMAP, 0, 1, CUVMM_EDRIVER), CUVMM_OK);
+	pthread_mutex_lock(&r->lock);
+	ck_assert_int_eq(cvm_region_unmap_now_locked(r, v, 2), CUVMM_OK);
+	ck_assert_uint_eq(cvm_region_pending_locked(r), 4);
+	pthread_mutex_unlock(&r->lock);
+	expect_region(ctx, r, 4 * G, 0);
+	pthread_mutex_lock(&r->lock);
+	cvm_region_process_locked(r, cvm_now_ns(), false); /* the retry */
+	ck_assert_uint_eq(cvm_region_pending_locked(r), 0);
+	pthread_mutex_unlock(&r->lock);
+	expect_region(ctx, r, 0, 0);
+
+	/* Release: pending behind a complete fence, unmapped by the next pass. */
+	pthread_mutex_lock(&r->lock);
+	ck_assert_int_eq(cvm_region_map_locked(r, 0, 4, 2), CUVMM_OK);
+	ck_assert_int_eq(cvm_region_release_locked(r, 0, 4, cvm_now_ns()), CUVMM_OK);
+	ck_assert_uint_eq(cvm_region_pending_locked(r), 4);
+	pthread_mutex_unlock(&r->lock);
+	expect_region(ctx, r, 4 * G, 0);
+	pthread_mutex_lock(&r->lock);
+	cvm_region_process_locked(r, cvm_now_ns(), false);
+	ck_assert_uint_eq(cvm_region_pending_locked(r), 0);
+	pthread_mutex_unlock(&r->lock);
+	expect_region(ctx, r, 0, 0);
+	cuvmm_region_destroy(r);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* EVENT_QUERY failing: the memory stays mapped (logged), and a later pass unmaps it. */
 START_TEST(test_fault_event_query)
 {
@@ -1323,6 +1380,7 @@ static Suite *region_suite(void)
 	tcase_add_loop_test(tc, test_fault_map_path, 0, MAP_FAULT_CASES);
 	tcase_add_loop_test(tc, test_fault_fence, 0, FENCE_FAULT_CASES);
 	tcase_add_test(tc, test_fault_unmap_retried);
+	tcase_add_test(tc, test_pool_calls);
 	tcase_add_test(tc, test_fault_event_query);
 	tcase_add_test(tc, test_fault_release_trim_result);
 	tcase_add_test(tc, test_fault_release_keeps_chunk);

@@ -44,6 +44,7 @@ class Call(enum.IntEnum):
     HOST_ALLOC = 13
     COPY = 14
     CAPTURE_INFO = 15
+    PEER_QUERY = 16
 
 
 class LogLevel(enum.IntEnum):

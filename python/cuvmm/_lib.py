@@ -35,6 +35,8 @@ class Config(ctypes.Structure):
         ("background_release", c_bool),
         ("device_limit_bytes", c_size_t),
         ("host_granularity", c_size_t),
+        ("host_devices", c_int),
+        ("peer_access", c_uint64),
     ]
 
 
@@ -63,6 +65,7 @@ class PoolConfig(ctypes.Structure):
         ("device", c_int),
         ("max_bytes", c_size_t),
         ("name", c_char_p),
+        ("peer_access", c_uint64),
     ]
 
 
@@ -74,6 +77,7 @@ class KVConfig(ctypes.Structure):
         ("block_bytes", c_size_t),
         ("max_blocks", c_uint32),
         ("tensors", c_uint32),
+        ("peer_access", c_uint64),
     ]
 
 
@@ -107,6 +111,9 @@ PROTOTYPES = {
     "cuvmm_ctx_device_count": (c_int, [c_void_p, P(c_int)]),
     "cuvmm_ctx_trim": (c_int, [c_void_p, c_int, c_size_t]),
     "cuvmm_ctx_stats": (c_int, [c_void_p, c_int, P(StatsStruct)]),
+    "cuvmm_ctx_can_access_peer": (c_int, [c_void_p, c_int, c_int, P(c_bool)]),
+    "cuvmm_ctx_add_peer": (c_int, [c_void_p, c_int, c_int]),
+    "cuvmm_region_peers": (c_uint64, [c_void_p]),
     "cuvmm_region_create": (c_int, [c_void_p, c_int, c_size_t, P(c_void_p)]),
     "cuvmm_region_create_ex": (c_int, [c_void_p, c_int, c_size_t, c_size_t, P(c_void_p)]),
     "cuvmm_region_destroy": (None, [c_void_p]),

@@ -81,6 +81,25 @@ def _set(st, field, value, function):
         raise Error(ErrorCode.EINVAL, function, "%s=%r out of range" % (field, value))
 
 
+PEERS_ALL = (1 << 64) - 1  # CUVMM_PEERS_ALL
+
+
+def _peers(value, function):
+    """A peer_access mask from True ("every device"), False (none), a mask, or an iterable of device indices.
+    None stays None (the default)."""
+    if value is None or isinstance(value, int):
+        return PEERS_ALL if value is True else value  # True/False are ints: False is the mask 0
+    try:
+        mask = 0
+        for d in value:
+            if not isinstance(d, int) or not 0 <= d < 64:
+                raise Error(ErrorCode.EINVAL, function, "peer_access names device %r" % (d,))
+            mask |= 1 << d
+        return mask
+    except TypeError:
+        raise Error(ErrorCode.EINVAL, function, "peer_access=%r" % (value,)) from None
+
+
 def _stream(stream):
     """A CUstream from 0/None, an int handle, a ctypes value, or an object with .cuda_stream (torch)."""
     if stream is None:
@@ -254,11 +273,13 @@ class Context(_Handle):
     backend: "cuda", "host", "auto" (or Backend); release_delay_ms: idle time before free memory is given
     back (-1 never, 0 at once); retain_bytes: free memory kept per device anyway; device_limit_bytes: cap
     on memory held per device (0 none); background_release: a thread gives memory back while idle;
-    host_granularity: the host backend's chunk size.
+    host_granularity: the host backend's chunk size; host_devices: devices the host backend emulates;
+    peer_access: devices given access to the memory of every object besides its own device: True (every
+    device), False (none, the default), an iterable of device indices, or a bit mask.
     """
 
     def __init__(self, backend=None, release_delay_ms=None, retain_bytes=None, device_limit_bytes=None,
-                 background_release=None, host_granularity=None):
+                 background_release=None, host_granularity=None, host_devices=None, peer_access=None):
         cfg = Config()
         lib.cuvmm_config_init(ctypes.byref(cfg))
         fn = "cuvmm_ctx_create"
@@ -266,8 +287,10 @@ class Context(_Handle):
             cfg.backend = _backend(backend)
         if background_release is not None:
             cfg.background_release = bool(background_release)
+        peer_access = _peers(peer_access, fn)
         for field, value in (("release_delay_ms", release_delay_ms), ("retain_bytes", retain_bytes),
-                             ("device_limit_bytes", device_limit_bytes), ("host_granularity", host_granularity)):
+                             ("device_limit_bytes", device_limit_bytes), ("host_granularity", host_granularity),
+                             ("host_devices", host_devices), ("peer_access", peer_access)):
             if value is not None:
                 if value < (-1 if field == "release_delay_ms" else 0):
                     raise Error(ErrorCode.EINVAL, fn, "%s=%r" % (field, value))
@@ -296,17 +319,27 @@ class Context(_Handle):
         """Give free physical memory back now, beyond keep_bytes per device (device -1: all)."""
         self._call(lib.cuvmm_ctx_trim, device, keep_bytes)
 
-    def pool(self, name, device=0, max_bytes=0):
-        """A new Pool on this context."""
-        return Pool(self, name, device, max_bytes)
+    def can_access_peer(self, device, peer):
+        """Can `device` access memory that lives on `peer` (cuDeviceCanAccessPeer)?"""
+        can = ctypes.c_bool()
+        self._call(lib.cuvmm_ctx_can_access_peer, device, peer, ctypes.byref(can))
+        return can.value
+
+    def add_peer(self, device, peer):
+        """Give `peer` access to the memory on `device`: what is mapped now and everything mapped later."""
+        self._call(lib.cuvmm_ctx_add_peer, device, peer)
+
+    def pool(self, name, device=0, max_bytes=0, peer_access=None):
+        """A new Pool on this context (peer_access: as Context's; None: the context's)."""
+        return Pool(self, name, device, max_bytes, peer_access)
 
     def region(self, max_bytes, device=0, granularity=0):
         """A new Region reserving max_bytes on device (granularity 0: the device's)."""
         return Region(self, max_bytes, device, granularity)
 
-    def kv(self, block_bytes, max_blocks, tensors=1, device=0):
-        """A new KV block allocator."""
-        return KV(self, block_bytes, max_blocks, tensors, device)
+    def kv(self, block_bytes, max_blocks, tensors=1, device=0, peer_access=None):
+        """A new KV block allocator (peer_access: as pool())."""
+        return KV(self, block_bytes, max_blocks, tensors, device, peer_access)
 
     def inject_fault(self, call, skip=0, count=1, err=ErrorCode.ENOMEM):
         """Make driver calls fail: after `skip` calls of `call` ("map", Call.MAP, ...), `count` fail with
@@ -358,11 +391,12 @@ class Pool(_Child):
     _destroy = lib.cuvmm_pool_destroy
     _stats_fn = lib.cuvmm_pool_stats
 
-    def __init__(self, ctx, name, device=0, max_bytes=0):
+    def __init__(self, ctx, name, device=0, max_bytes=0, peer_access=None):
         cfg = PoolConfig()
         lib.cuvmm_pool_config_init(ctypes.byref(cfg))
         _set(cfg, "device", device, "cuvmm_pool_create")
         _set(cfg, "max_bytes", max_bytes, "cuvmm_pool_create")
+        _set(cfg, "peer_access", _peers(peer_access, "cuvmm_pool_create") or 0, "cuvmm_pool_create")
         self.name = name
         self.device = device
         cfg.name = None if name is None else str(name).encode()  # the library copies it
@@ -422,6 +456,12 @@ class Region(_Child):
         self.size = self._get(lib.cuvmm_region_size)
         self.granularity = self._get(lib.cuvmm_region_granularity)
 
+    @property
+    def peers(self):
+        """The devices with access to the region's mappings, as a set of indices."""
+        mask = self._get(lib.cuvmm_region_peers)
+        return {i for i in range(64) if mask >> i & 1}
+
     def map(self, offset, length):
         """Back [offset, offset+length) with physical memory (multiples of the granularity)."""
         self._call(lib.cuvmm_region_map, offset, length)
@@ -455,11 +495,11 @@ class KV(_Child):
     _destroy = lib.cuvmm_kv_destroy
     _stats_fn = lib.cuvmm_kv_stats
 
-    def __init__(self, ctx, block_bytes, max_blocks, tensors=1, device=0):
+    def __init__(self, ctx, block_bytes, max_blocks, tensors=1, device=0, peer_access=None):
         cfg = KVConfig()
         lib.cuvmm_kv_config_init(ctypes.byref(cfg))
         for field, value in (("device", device), ("block_bytes", block_bytes), ("max_blocks", max_blocks),
-                             ("tensors", tensors)):
+                             ("tensors", tensors), ("peer_access", _peers(peer_access, "cuvmm_kv_create") or 0)):
             _set(cfg, field, value, "cuvmm_kv_create")
         self.device, self.block_bytes, self.max_blocks, self.tensors = device, block_bytes, max_blocks, tensors
         super().__init__(ctx, lib.cuvmm_kv_create, ctypes.byref(cfg))

@@ -18,6 +18,8 @@ int main(void)
 	OFF(cuvmm_config, background_release);
 	OFF(cuvmm_config, device_limit_bytes);
 	OFF(cuvmm_config, host_granularity);
+	OFF(cuvmm_config, host_devices);
+	OFF(cuvmm_config, peer_access);
 	SIZE(cuvmm_stats);
 	OFF(cuvmm_stats, reserved_bytes);
 	OFF(cuvmm_stats, held_bytes);
@@ -34,11 +36,13 @@ int main(void)
 	OFF(cuvmm_pool_config, device);
 	OFF(cuvmm_pool_config, max_bytes);
 	OFF(cuvmm_pool_config, name);
+	OFF(cuvmm_pool_config, peer_access);
 	SIZE(cuvmm_kv_config);
 	OFF(cuvmm_kv_config, device);
 	OFF(cuvmm_kv_config, block_bytes);
 	OFF(cuvmm_kv_config, max_blocks);
 	OFF(cuvmm_kv_config, tensors);
+	OFF(cuvmm_kv_config, peer_access);
 	SIZE(cuvmm_kv_move);
 	OFF(cuvmm_kv_move, from);
 	OFF(cuvmm_kv_move, to);
@@ -83,6 +87,7 @@ int main(void)
 	VAL(CUVMM_CALL_HOST_ALLOC);
 	VAL(CUVMM_CALL_COPY);
 	VAL(CUVMM_CALL_CAPTURE_INFO);
+	VAL(CUVMM_CALL_PEER_QUERY);
 	VAL(CUVMM_CALL_COUNT_);
 #define CUVMM_ERR_VAL_(name, value, msg) printf("CUVMM_%s %d\n", #name, CUVMM_##name);
 	CUVMM_ERRNO_MAP(CUVMM_ERR_VAL_)

@@ -275,3 +275,45 @@ def test_python_m_runs_unmodified_script(tmp_path):
     mib = int(r.stdout.split()[1])
     assert mib > 200, r.stdout
     assert "['a', 'b']" in r.stdout
+
+
+def _two_gpus():
+    try:
+        import torch
+    except Exception:
+        return False
+    return _torch_gpu() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.skipif(not _two_gpus(), reason="needs torch with two CUDA GPUs")
+def test_model_on_two_gpus_peer_access_and_idle_release():
+    run("""
+        cuvmm.torch.enable(release_delay_ms=300, peer_access=True)
+        MiB = 1 << 20
+        torch.manual_seed(0)
+        # A two-stage model, one stage per GPU, as device_map="auto" would place it.
+        l0 = torch.nn.Linear(4096, 4096).to('cuda:0')
+        l1 = torch.nn.Linear(4096, 4096).to('cuda:1')
+        x = torch.randn(256, 4096, device='cuda:0')
+        with torch.no_grad():
+            y = l1(l0(x).to('cuda:1'))
+            ref = l1.cpu()(l0.cpu()(x.cpu()))
+        assert torch.allclose(y.cpu(), ref, atol=1e-2, rtol=1e-3), (y.cpu() - ref).abs().max()
+        l0.to('cuda:0'); l1.to('cuda:1')
+        # A kernel on GPU 1 reading GPU 0's memory directly (peer access), and the other way round.
+        a = torch.arange(1 << 20, device='cuda:0', dtype=torch.float32)
+        b = torch.ones(1 << 20, device='cuda:1')
+        torch.cuda.synchronize(0)
+        assert torch.equal((a.to('cuda:1', non_blocking=True) + b).cpu(), (a.cpu() + 1))
+        # A burst on both devices, then memory back on both once idle (no empty_cache).
+        reserved = [torch.cuda.memory_reserved(d) for d in (0, 1)]
+        burst = [torch.empty(64 * MiB, dtype=torch.uint8, device='cuda:%d' % d) for d in (0, 1) for _ in range(8)]
+        assert all(torch.cuda.memory_reserved(d) >= reserved[d] + 500 * MiB for d in (0, 1))
+        del burst
+        gc.collect()
+        torch.cuda.synchronize(0); torch.cuda.synchronize(1)
+        time.sleep(1.5)
+        for d in (0, 1):
+            assert torch.cuda.memory_reserved(d) < reserved[d] + 64 * MiB, (d, torch.cuda.memory_reserved(d))
+        print('ok')
+    """)

@@ -19,7 +19,7 @@ import contextlib
 import ctypes
 import threading
 
-from .. import _lib
+from .. import _lib, _objects
 
 __all__ = ["enable", "enabled", "stats", "trim", "pool", "sleep", "wake", "graph_pools"]
 
@@ -56,10 +56,13 @@ def enabled():
     return _enabled
 
 
-def enable(release_delay_ms=None, retain_bytes=None, device_limit_bytes=None, background_release=None):
+def enable(release_delay_ms=None, retain_bytes=None, device_limit_bytes=None, background_release=None,
+           peer_access=None):
     """Install cuvmm as PyTorch's CUDA allocator. Call it before anything allocates CUDA memory.
 
     Keyword arguments set the context (None: the library's default, or the CUVMM_* environment variable).
+    peer_access=True gives every GPU read/write access to the tensors of every other (a model split across
+    GPUs whose kernels read a peer's tensors directly); an iterable of device indices or a mask names some.
     A second call is a no-op. Raises RuntimeError, saying what to do, when PyTorch's allocator is in use
     already.
     """
@@ -74,7 +77,8 @@ def enable(release_delay_ms=None, retain_bytes=None, device_limit_bytes=None, ba
         cfg.backend = 1  # CUDA: PyTorch's memory is the GPU's
         for name, value in (("release_delay_ms", release_delay_ms), ("retain_bytes", retain_bytes),
                             ("device_limit_bytes", device_limit_bytes),
-                            ("background_release", background_release)):
+                            ("background_release", background_release),
+                            ("peer_access", _objects._peers(peer_access, "cuvmm_torch_init"))):
             if value is not None:
                 setattr(cfg, name, value)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "cuvmm_torch_malloc", "cuvmm_torch_free")

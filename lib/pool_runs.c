@@ -1,0 +1,225 @@
+/*
+ * The pool's runs and their index: boundary tags (edge[]) so that neighbours coalesce in O(1), size bins of
+ * FREE runs (best fit), segment trees of VA and settled FREE runs (first fit from an address, seg.h), the
+ * age and pending lists, split and coalesce, and the settling of FREE runs freed on a stream (their event
+ * completed) or before a device synchronisation (their epoch). See pool.h for the kinds of run.
+ */
+#include <stdlib.h>
+
+#include "pool_int.h"
+
+/* ----- bins and segment trees ----- */
+
+unsigned cvm_bin_of(size_t len)
+{
+	unsigned b;
+
+	if (len <= 64)
+		return (unsigned)len - 1;
+	b = 64 + (63 - (unsigned)__builtin_clzll(len)) - 6;
+	return b < CVM_NBINS ? b : CVM_NBINS - 1;
+}
+
+/*
+ * Index a VA or FREE run: VA runs in the VA segment tree (first fit from an address: map_fresh, in
+ * pool_place.c); FREE runs in the size bins (best fit: slabs, runs pending on a stream) and, once settled,
+ * in the FREE segment tree (next fit).
+ */
+void cvm_bin_insert(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	unsigned b = cvm_bin_of(run->len);
+
+	if (run->kind == CVM_RUN_VA) {
+		cvm_seg_set(&p->vseg, run->start, (uint32_t)run->len);
+		return;
+	}
+	run->bin = (uint8_t)b;
+	run->bprev = NULL;
+	run->bnext = p->free.head[b];
+	if (run->bnext)
+		run->bnext->bprev = run;
+	p->free.head[b] = run;
+	p->free.nonempty[b / 64] |= (uint64_t)1 << (b % 64);
+	if (!run->ev)
+		cvm_seg_set(&p->fseg, run->start, (uint32_t)run->len);
+}
+
+void cvm_bin_remove(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	unsigned b = run->bin;
+
+	if (run->kind == CVM_RUN_VA) {
+		cvm_seg_set(&p->vseg, run->start, 0);
+		return;
+	}
+	if (run->bprev)
+		run->bprev->bnext = run->bnext;
+	else
+		p->free.head[b] = run->bnext;
+	if (run->bnext)
+		run->bnext->bprev = run->bprev;
+	if (!p->free.head[b])
+		p->free.nonempty[b / 64] &= ~((uint64_t)1 << (b % 64));
+	run->bnext = run->bprev = NULL;
+	cvm_seg_set(&p->fseg, run->start, 0);
+}
+
+/* ----- boundary tags, split and coalesce ----- */
+
+void cvm_edges_set(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	p->edge[run->start] = run;
+	p->edge[run->start + run->len - 1] = run;
+}
+
+void cvm_edges_clear(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	p->edge[run->start] = NULL;
+	p->edge[run->start + run->len - 1] = NULL;
+}
+
+/* Take a FREE run out of every index (bins, age or pending list, free_bytes); edges stay. */
+void cvm_free_unlink(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	cvm_bin_remove(p, run);
+	cvm_list_remove(run);
+	p->free_bytes -= cvm_gbytes(p, run->len);
+}
+
+/* Put a FREE run into the indexes: pending runs in the pending list, settled ones at the young end of
+ * the age list. */
+void cvm_free_link(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	cvm_bin_insert(p, run);
+	cvm_list_append(run->ev ? &p->pend : &p->age, run);
+	p->free_bytes += cvm_gbytes(p, run->len);
+}
+
+/* Can two FREE runs become one? Settled ones always; pending ones only on the same stream. */
+static bool free_compatible(const struct cvm_run *a, const struct cvm_run *b)
+{
+	if (!a->ev && !b->ev)
+		return true;
+	return a->ev && b->ev && a->stream == b->stream;
+}
+
+/* Merge `run` (already linked, edges set) with its neighbours of the same kind. Returns the survivor. */
+struct cvm_run *cvm_coalesce(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	struct cvm_run *left = run->start ? p->edge[run->start - 1] : NULL;
+	struct cvm_run *right = run->start + run->len < p->r.npages ? p->edge[run->start + run->len] : NULL;
+	struct cvm_run *nb[2] = {left, right};
+
+	for (int i = 0; i < 2; i++) {
+		struct cvm_run *o = nb[i];
+
+		if (!o || o->kind != run->kind)
+			continue;
+		if (run->kind == CVM_RUN_FREE && !free_compatible(run, o))
+			continue;
+		if (run->kind == CVM_RUN_FREE) {
+			cvm_free_unlink(p, o);
+			cvm_free_unlink(p, run);
+			if (o->epoch > run->epoch)
+				run->epoch = o->epoch;
+			if (o->freed_ns > run->freed_ns)
+				run->freed_ns = o->freed_ns;
+			/* Pending on the same stream: `run` is the newest free, and its event covers the
+			 * neighbour's, which completes first on that stream. */
+			cvm_region_event_put_locked(&p->r, o->ev);
+		} else {
+			cvm_bin_remove(p, o);
+			cvm_bin_remove(p, run);
+		}
+		cvm_edges_clear(p, o);
+		cvm_edges_clear(p, run);
+		if (i == 0)
+			run->start = o->start;
+		run->len += o->len;
+		cvm_edges_set(p, run);
+		if (run->kind == CVM_RUN_FREE)
+			cvm_free_link(p, run);
+		else
+			cvm_bin_insert(p, run);
+		free(o);
+	}
+	return run;
+}
+
+/* Split `run` so that its first `k` granules become a new run returned to the caller (edges set, in no
+ * index); the rest stays in `run`, re-indexed. `run` must be out of the indexes (caller unlinked it). A
+ * NULL return means no memory for the bookkeeping. */
+struct cvm_run *cvm_split_front(struct cuvmm_pool *p, struct cvm_run *run, size_t k)
+{
+	struct cvm_run *front;
+
+	if (run->len == k)
+		return run;
+	front = calloc(1, sizeof(*front));
+	if (!front)
+		return NULL;
+	cvm_edges_clear(p, run);
+	front->start = run->start;
+	front->len = k;
+	front->kind = run->kind;
+	run->start += k;
+	run->len -= k;
+	cvm_edges_set(p, front);
+	cvm_edges_set(p, run);
+	return front;
+}
+
+/* ----- settling: FREE runs freed on a stream, or before a device synchronisation ----- */
+
+/* May an allocation on `stream` (NULL: no stream) take this FREE run now? Settled runs, yes; a run pending on
+ * that very stream, yes; one pending on another, once its event has completed (the run is left pending: the
+ * caller takes it, or cvm_settle_pending settles it). */
+bool cvm_free_usable(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream)
+{
+	int done;
+
+	if (!run->ev)
+		return true;
+	if (stream && run->stream == stream)
+		return true;
+	done = cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, run->ev);
+	return done > 0;
+}
+
+/* Settle a pending FREE run whose event has completed: it becomes safe to unmap and joins its neighbours. */
+static void settle(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	cvm_free_unlink(p, run);
+	cvm_region_event_put_locked(&p->r, run->ev);
+	run->ev = NULL;
+	run->stream = NULL;
+	run->epoch = 0;
+	cvm_free_link(p, run);
+	cvm_coalesce(p, run);
+}
+
+void cvm_settle_pending(struct cuvmm_pool *p, int max)
+{
+	struct cvm_run *run = p->pend.lnext, *next;
+
+	for (; run != &p->pend && max-- > 0; run = next) {
+		next = run->lnext;
+		if (cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, run->ev) > 0)
+			settle(p, run);
+	}
+}
+
+/* Turn a USED or SLAB run into FREE after a free, fenced by `ev` on `stream` or by the device epoch. */
+void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream, cvm_event ev)
+{
+	cvm_fp_add(p, run->len, false);
+	run->kind = CVM_RUN_FREE;
+	run->bytes = 0;
+	run->slab = NULL;
+	run->freed_ns = cvm_now_ns();
+	run->stream = ev ? stream : NULL;
+	run->ev = ev;
+	run->epoch = ev ? 0 : atomic_load(&p->r.dev->epoch);
+	cvm_free_link(p, run);
+	cvm_coalesce(p, run);
+}
