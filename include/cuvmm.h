@@ -726,7 +726,8 @@ enum cuvmm_sleep_mode {
  * @param[in] stream the work that must complete before the contents are copied or dropped; NULL: all
  *            work on the device (this synchronises the device)
  * @return CUVMM_OK; CUVMM_EINVAL for a NULL region or an unknown mode; CUVMM_ESTATE if it sleeps already;
- *         CUVMM_ENOMEM if no pinned host memory could be had; CUVMM_EDRIVER if a copy or unmap failed
+ *         CUVMM_ENOMEM if no pinned host memory could be had (or it would pass $CUVMM_SLEEP_HOST_LIMIT);
+ *         CUVMM_EDRIVER if a copy, an unmap or the pinning of the host copy failed
  */
 CUVMM_API int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
 
@@ -969,12 +970,14 @@ CUVMM_API int cuvmm_torch_reset_totals(int device);
 	X(HOST_ALLOC, "cuMemHostAlloc")                                                                      \
 	X(COPY, "cuMemcpyAsync")                                                                             \
 	X(CAPTURE_INFO, "cuStreamGetCaptureInfo")                                                            \
-	X(PEER_QUERY, "cuDeviceCanAccessPeer")
+	X(PEER_QUERY, "cuDeviceCanAccessPeer")                                                               \
+	X(HOST_REGISTER, "cuMemHostRegister")
 
 /** The driver calls that can be made to fail (CUVMM_CALL_LIST): CUVMM_CALL_RESERVE (cuMemAddressReserve),
  * ..., CUVMM_CALL_HOST_ALLOC (pinned staging memory), CUVMM_CALL_COPY (the copies of sleep and wake),
  * CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?), CUVMM_CALL_PEER_QUERY (can one
- * device access another's memory? asked when an object with peers is created or a peer added). */
+ * device access another's memory? asked when an object with peers is created or a peer added),
+ * CUVMM_CALL_HOST_REGISTER (the pinning of a sleep's host copy, piece by piece). */
 enum cuvmm_call {
 #define CUVMM_CALL_ENUM_(name, fn) CUVMM_CALL_##name,
 	CUVMM_CALL_LIST(CUVMM_CALL_ENUM_)

@@ -55,6 +55,8 @@ static const struct env_var {
 	[CVM_ENV_PUBLISH_DIR] = {"CUVMM_PUBLISH_DIR", ENV_PATH, NULL, "an absolute directory such as /dev/shm"},
 	[CVM_ENV_HOST_DEVICES] = {"CUVMM_HOST_DEVICES", ENV_COUNT, NULL, "a number of devices from 1 to 64"},
 	[CVM_ENV_PEER_ACCESS] = {"CUVMM_PEER_ACCESS", ENV_WORD, peer_words, "all or none (1/0, yes/no, on/off)"},
+	[CVM_ENV_PIN_THREADS] = {"CUVMM_PIN_THREADS", ENV_SIZE, NULL, "a thread count from 1 to 256"},
+	[CVM_ENV_SLEEP_HOST_LIMIT] = {"CUVMM_SLEEP_HOST_LIMIT", ENV_SIZE, NULL, "0 (none) or a size such as 16G"},
 };
 
 /* The last bad value reported for each variable: a value is reported once per process (config_init runs
@@ -238,6 +240,30 @@ const char *cvm_env_publish_dir(void)
 	return env_read(CVM_ENV_PUBLISH_DIR, &unused, CVM_PUB_DEFAULT_DIR " (the default)") == 1
 		       ? env_value(CVM_ENV_PUBLISH_DIR)
 		       : CVM_PUB_DEFAULT_DIR;
+}
+
+unsigned cvm_env_pin_threads(void)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned def = cpus < 1 ? 1 : cpus > 16 ? 16 : (unsigned)cpus;
+	char used[48];
+	int64_t v;
+
+	snprintf(used, sizeof(used), "%u (the default)", def);
+	if (env_read(CVM_ENV_PIN_THREADS, &v, used) != 1)
+		return def;
+	if (v < 1 || v > CVM_PIN_THREADS_MAX) {
+		env_report(CVM_ENV_PIN_THREADS, env_value(CVM_ENV_PIN_THREADS), "is out of range", used);
+		return def;
+	}
+	return (unsigned)v;
+}
+
+size_t cvm_env_sleep_host_limit(void)
+{
+	int64_t v;
+
+	return env_read(CVM_ENV_SLEEP_HOST_LIMIT, &v, "no limit (the default)") == 1 ? (size_t)v : 0;
 }
 
 void cuvmm_config_init(struct cuvmm_config *cfg)

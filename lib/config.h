@@ -31,6 +31,8 @@ enum cvm_env {
 	CVM_ENV_PUBLISH_DIR,
 	CVM_ENV_HOST_DEVICES,
 	CVM_ENV_PEER_ACCESS,
+	CVM_ENV_PIN_THREADS,
+	CVM_ENV_SLEEP_HOST_LIMIT,
 	CVM_ENV_COUNT_
 };
 
@@ -46,6 +48,13 @@ int cvm_env_log_level(int fallback);
 bool cvm_env_publish(void);
 /* $CUVMM_PUBLISH_DIR: where (an absolute directory; default /dev/shm; a bad value is reported once). */
 const char *cvm_env_publish_dir(void);
+/* $CUVMM_PIN_THREADS: threads that first-touch and pin a sleep's host copy, 1 to CVM_PIN_THREADS_MAX
+ * (default: online CPUs, at most 16; a bad value is reported once). Read at each sleep. */
+#define CVM_PIN_THREADS_MAX 256
+unsigned cvm_env_pin_threads(void);
+/* $CUVMM_SLEEP_HOST_LIMIT: cap on the host memory of all sleep copies of the process, pinned (asleep or
+ * kept for the next sleep); 0 or unset: none. Read at each sleep. */
+size_t cvm_env_sleep_host_limit(void);
 /* CUVMM_EINVAL if a field of a caller's config is out of range. */
 int cvm_config_check(const struct cuvmm_config *cfg);
 

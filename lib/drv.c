@@ -382,3 +382,16 @@ int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can)
 		*can = yes != 0;
 	return err;
 }
+
+int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size)
+{
+	return PLAIN(d, CUVMM_CALL_HOST_REGISTER, d->be->host_register(d->state, p, size));
+}
+
+void cvm_drv_host_unregister(struct cvm_drv *d, void *p)
+{
+	int cu = d->be->host_unregister(d->state, p);
+
+	if (cu)
+		cvm_warn("unregistering pinned host memory failed (CUresult %d)", cu);
+}

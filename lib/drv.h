@@ -85,6 +85,10 @@ struct cvm_backend {
 	/* Peers: *can = 1 if device `dev` can access memory that lives on device `peer` (cuDeviceCanAccessPeer),
 	 * else 0. Needs neither device opened. */
 	int (*can_access_peer)(void *state, int dev, int peer, int *can);
+	/* Pin [p, p+size) of ordinary host memory for copies (cuMemHostRegister, portable), and unpin it: p
+	 * is the start of a range registered before. Any thread; size a multiple of the page size. */
+	int (*host_register)(void *state, void *p, size_t size);
+	int (*host_unregister)(void *state, void *p);
 };
 
 extern const struct cvm_backend cvm_backend_cuda;
@@ -161,6 +165,9 @@ int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream);
 int cvm_drv_refuse_captured(struct cvm_drv *d, int dev, CUstream stream);
 /* The id of the capture under way on `stream` (0: none). A NULL stream is never captured: 0, no call. */
 int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id);
+/* Pin host memory for copies (CUVMM_CALL_HOST_REGISTER), unpin it (a refusal is logged, not returned). */
+int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size);
+void cvm_drv_host_unregister(struct cvm_drv *d, void *p);
 
 /* Host backend test hooks (tests only; no effect on the CUDA backend).
  * While the gate is closed, events recorded by the host backend stay incomplete, as if a kernel were still
@@ -188,6 +195,8 @@ void cvm_host_peer_deny(int dev, int peer, bool deny);
 /* The devices with access to the host mapping containing `p` (bit i: device i), in any host context;
  * 0 if none or not mapped. */
 uint64_t cvm_host_access(const void *p);
+/* Host backend: bytes of host memory registered (host_register) and not unregistered, in this process. */
+size_t cvm_host_registered_bytes(void);
 
 /* Monotonic time in nanoseconds. */
 uint64_t cvm_now_ns(void);

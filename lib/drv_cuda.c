@@ -67,6 +67,8 @@ typedef CUresult (*pfn_cuStreamDestroy)(CUstream stream);
 typedef CUresult (*pfn_cuStreamSynchronize)(CUstream stream);
 typedef CUresult (*pfn_cuMemHostAlloc)(void **pp, size_t size, unsigned int flags);
 typedef CUresult (*pfn_cuMemFreeHost)(void *p);
+typedef CUresult (*pfn_cuMemHostRegister)(void *p, size_t size, unsigned int flags);
+typedef CUresult (*pfn_cuMemHostUnregister)(void *p);
 typedef CUresult (*pfn_cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t size, CUstream stream);
 typedef CUresult (*pfn_cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t size, CUstream stream);
 typedef CUresult (*pfn_cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *mode);
@@ -115,7 +117,9 @@ typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureS
 	X(MemcpyDtoHAsync)                                                                                   \
 	X(MemcpyHtoDAsync)                                                                                   \
 	X(ThreadExchangeStreamCaptureMode)                                                                   \
-	X(StreamGetCaptureInfo)
+	X(StreamGetCaptureInfo)                                                                              \
+	X(MemHostRegister)                                                                                   \
+	X(MemHostUnregister)
 
 struct cuda_fn {
 	pfn_cuGetProcAddress GetProcAddress;
@@ -819,6 +823,43 @@ static int cuda_host_free(void *state, void *p)
 	return r;
 }
 
+/* Pinning ordinary memory: in device 0's primary context, portable as host_alloc's, from any thread. */
+static int cuda_host_register(void *state, void *p, size_t size)
+{
+	struct cuda_state *s = state;
+	CUcontext ctx;
+	struct cu_scope sc;
+	CUresult r;
+
+	r = host_ctx_get(s, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = ctx_enter(s, ctx, &sc);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE);
+	ctx_leave(s, sc);
+	return r;
+}
+
+static int cuda_host_unregister(void *state, void *p)
+{
+	struct cuda_state *s = state;
+	CUcontext ctx;
+	struct cu_scope sc;
+	CUresult r;
+
+	r = host_ctx_get(s, &ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = ctx_enter(s, ctx, &sc);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = s->fn.MemHostUnregister(p);
+	ctx_leave(s, sc);
+	return r;
+}
+
 static int cuda_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
 	struct cuda_state *s = state;
@@ -953,4 +994,6 @@ const struct cvm_backend cvm_backend_cuda = {
 	.stream_destroy = cuda_stream_destroy,
 	.stream_sync = cuda_stream_sync,
 	.capture_id = cuda_capture_id,
+	.host_register = cuda_host_register,
+	.host_unregister = cuda_host_unregister,
 };

@@ -906,6 +906,80 @@ static int host_host_free(void *state, void *p)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * Registered host ranges, process-wide as CUDA's are: registering a range that overlaps one is refused
+ * (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED), unregistering what is not the start of one too
+ * (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED), so a library that loses track of a piece fails here; tests read
+ * the bytes still registered (cvm_host_registered_bytes) to see that every failure path unregisters.
+ */
+static struct {
+	pthread_mutex_t lock;
+	struct host_reg {
+		uintptr_t p;
+		size_t size;
+	} *r;
+	size_t n, cap, bytes;
+} host_regs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int host_host_register(void *state, void *p, size_t size)
+{
+	uintptr_t a = (uintptr_t)p;
+	int cu = CUDA_SUCCESS;
+
+	(void)state;
+	if (!p || !size)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&host_regs.lock);
+	for (size_t i = 0; i < host_regs.n && !cu; i++)
+		if (a < host_regs.r[i].p + host_regs.r[i].size && host_regs.r[i].p < a + size)
+			cu = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	if (!cu && host_regs.n == host_regs.cap) {
+		size_t cap = host_regs.cap ? 2 * host_regs.cap : 64;
+		struct host_reg *r = realloc(host_regs.r, cap * sizeof(*r));
+
+		if (r) {
+			host_regs.r = r;
+			host_regs.cap = cap;
+		} else {
+			cu = CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	}
+	if (!cu) {
+		host_regs.r[host_regs.n++] = (struct host_reg){a, size};
+		host_regs.bytes += size;
+	}
+	pthread_mutex_unlock(&host_regs.lock);
+	return cu;
+}
+
+static int host_host_unregister(void *state, void *p)
+{
+	int cu = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+
+	(void)state;
+	pthread_mutex_lock(&host_regs.lock);
+	for (size_t i = 0; i < host_regs.n; i++) {
+		if (host_regs.r[i].p != (uintptr_t)p)
+			continue;
+		host_regs.bytes -= host_regs.r[i].size;
+		host_regs.r[i] = host_regs.r[--host_regs.n];
+		cu = CUDA_SUCCESS;
+		break;
+	}
+	pthread_mutex_unlock(&host_regs.lock);
+	return cu;
+}
+
+size_t cvm_host_registered_bytes(void)
+{
+	size_t b;
+
+	pthread_mutex_lock(&host_regs.lock);
+	b = host_regs.bytes;
+	pthread_mutex_unlock(&host_regs.lock);
+	return b;
+}
+
 static int host_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
 	(void)state;
@@ -1007,4 +1081,6 @@ const struct cvm_backend cvm_backend_host = {
 	.stream_sync = host_stream_sync,
 	.capture_id = host_capture_id,
 	.can_access_peer = host_can_access_peer,
+	.host_register = host_host_register,
+	.host_unregister = host_host_unregister,
 };

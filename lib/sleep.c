@@ -11,14 +11,258 @@
  * copy has completed; a failure unmaps what it mapped and leaves the region asleep with its host copy.
  * Copies are issued in pieces of CVM_COPY_PIECE bytes, back to back on one stream, so the copy engine
  * stays busy while the host thread keeps queueing; wake maps the next piece while the last one copies.
+ *
+ * The host copy (struct cvm_pinned) is anonymous memory (mmap, huge pages where the system allows),
+ * pinned in pieces of CVM_COPY_PIECE bytes with cuMemHostRegister: one cudaHostAlloc-like call of 8 GiB
+ * costs seconds, most of it first-touching the pages on one thread. Here min(online CPUs, 16) threads
+ * ($CUVMM_PIN_THREADS, the sleeping thread one of them) each take the next piece, touch it and register
+ * it, and the sleeping thread queues each piece's copy as soon as that piece is pinned; so the pinning of
+ * later pieces overlaps the copies of earlier ones. No copy crosses a piece (each is its own registration). A failure (a register
+ * refused, a piece that cannot be populated) stops the workers; what was registered is unregistered and the
+ * memory unmapped, and the sleep fails as any other. All host copies of the process, asleep or kept for the
+ * next sleep, stay under $CUVMM_SLEEP_HOST_LIMIT if it is set.
  */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "config.h"
 #include "log.h"
 #include "region.h"
 
 #define CVM_COPY_PIECE ((size_t)64 << 20)
+#define CVM_PIN_ALIGN ((size_t)2 << 20) /* the host copy starts on a huge page */
+
+/* A pinned host copy: r->host_keep and struct cvm_sleep's host point to one. */
+struct cvm_pinned {
+	char *p;
+	size_t bytes;   /* mapped: the copy's bytes rounded up to the page size */
+	size_t npieces; /* pieces of CVM_COPY_PIECE bytes (the last one shorter) */
+	uint8_t *reg;   /* piece i is registered */
+};
+
+/* Bytes of all host copies of the process, against $CUVMM_SLEEP_HOST_LIMIT. */
+static _Atomic size_t pinned_total;
+
+static size_t piece_len(const struct cvm_pinned *h, size_t i)
+{
+	size_t off = i * CVM_COPY_PIECE;
+
+	return h->bytes - off < CVM_COPY_PIECE ? h->bytes - off : CVM_COPY_PIECE;
+}
+
+static void pinned_free(struct cvm_drv *d, struct cvm_pinned *h)
+{
+	if (!h)
+		return;
+	for (size_t i = 0; i < h->npieces; i++)
+		if (h->reg[i])
+			cvm_drv_host_unregister(d, h->p + i * CVM_COPY_PIECE);
+	munmap(h->p, h->bytes);
+	atomic_fetch_sub(&pinned_total, h->bytes);
+	free(h->reg);
+	free(h);
+}
+
+/* Map (not yet touched nor pinned) a host copy of `bytes`; CUVMM_ENOMEM beyond $CUVMM_SLEEP_HOST_LIMIT. */
+static int pinned_map(size_t bytes, struct cvm_pinned **out)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE), limit = cvm_env_sleep_host_limit(), len, head;
+	struct cvm_pinned *h;
+	char *m;
+
+	len = (bytes + page - 1) / page * page;
+	if (atomic_fetch_add(&pinned_total, len) + len > limit && limit) {
+		atomic_fetch_sub(&pinned_total, len);
+		cvm_warn("sleep: a host copy of %.1f MiB would exceed CUVMM_SLEEP_HOST_LIMIT (%.1f MiB, %.1f MiB "
+			 "in use)", len / 1048576.0, limit / 1048576.0, atomic_load(&pinned_total) / 1048576.0);
+		return CUVMM_ENOMEM;
+	}
+	h = calloc(1, sizeof(*h));
+	if (h) {
+		h->npieces = (len + CVM_COPY_PIECE - 1) / CVM_COPY_PIECE;
+		h->reg = calloc(h->npieces, 1);
+	}
+	m = MAP_FAILED;
+	if (h && h->reg)
+		m = mmap(NULL, len + CVM_PIN_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED) {
+		if (h)
+			free(h->reg);
+		free(h);
+		atomic_fetch_sub(&pinned_total, len);
+		return CUVMM_ENOMEM;
+	}
+	/* Trim to a huge-page-aligned start, so every piece is made of whole huge pages. */
+	head = (CVM_PIN_ALIGN - (uintptr_t)m % CVM_PIN_ALIGN) % CVM_PIN_ALIGN;
+	if (head)
+		munmap(m, head);
+	if (CVM_PIN_ALIGN - head)
+		munmap(m + head + len, CVM_PIN_ALIGN - head);
+	h->p = m + head;
+	h->bytes = len;
+	(void)madvise(h->p, len, MADV_HUGEPAGE); /* a hint: refused where THP is off */
+	*out = h;
+	return CUVMM_OK;
+}
+
+/* The pinning of one host copy in progress: workers claim pieces in order (next), touch and register them. */
+struct pin_job {
+	struct cvm_drv *d;
+	struct cvm_pinned *h;
+	_Atomic size_t next;
+	_Atomic int err;   /* the first failure; set, it stops the claiming */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint8_t *done;     /* piece i settled (registered or failed); under lock */
+	pthread_t *tid;
+	unsigned nthreads;
+};
+
+/* First touch (page faults on this thread, in parallel with the other workers), then register. */
+static void pin_piece(struct pin_job *j, size_t i)
+{
+	char *a = j->h->p + i * CVM_COPY_PIECE;
+	size_t n = piece_len(j->h, i), page = (size_t)sysconf(_SC_PAGESIZE);
+	int err = CUVMM_OK;
+
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(a, n, MADV_POPULATE_WRITE)) {
+		if (errno != EINVAL) /* EINVAL: a kernel before 5.14; the loop below does the same */
+			err = CUVMM_ENOMEM;
+	} else {
+		page = n; /* populated: the loop below touches one byte */
+	}
+#endif
+	for (size_t off = 0; !err && off < n; off += page)
+		((volatile char *)a)[off] = 0;
+	if (!err)
+		err = cvm_drv_host_register(j->d, a, n);
+	pthread_mutex_lock(&j->lock);
+	if (err) {
+		int none = CUVMM_OK;
+
+		atomic_compare_exchange_strong(&j->err, &none, err);
+	} else {
+		j->h->reg[i] = 1;
+	}
+	j->done[i] = 1;
+	pthread_cond_broadcast(&j->cond);
+	pthread_mutex_unlock(&j->lock);
+}
+
+/* Claim and pin the next piece; false when none is left or the job has failed. */
+static bool pin_next(struct pin_job *j)
+{
+	size_t i;
+
+	if (atomic_load(&j->err))
+		return false;
+	i = atomic_fetch_add(&j->next, 1);
+	if (i >= j->h->npieces)
+		return false;
+	pin_piece(j, i);
+	return true;
+}
+
+static void *pin_worker(void *arg)
+{
+	while (pin_next(arg))
+		;
+	return NULL;
+}
+
+/* Wait until piece i is pinned, pinning unclaimed pieces meanwhile: the sleeping thread is one of the
+ * pinning threads (and with no worker started, the only one). CUVMM_OK, or the job's failure. */
+static int pin_wait(struct pin_job *j, size_t i)
+{
+	int err;
+
+	if (!j)
+		return CUVMM_OK; /* a kept copy: pinned already */
+	for (;;) {
+		bool help;
+
+		pthread_mutex_lock(&j->lock);
+		while (!j->done[i] && !atomic_load(&j->err) && atomic_load(&j->next) >= j->h->npieces)
+			pthread_cond_wait(&j->cond, &j->lock);
+		err = atomic_load(&j->err);
+		help = !err && !j->done[i];
+		pthread_mutex_unlock(&j->lock);
+		if (!help)
+			return err;
+		pin_next(j);
+	}
+}
+
+/* Start pinning a new host copy of `bytes`: map it, start the workers: $CUVMM_PIN_THREADS pinning threads
+ * (at most one per piece), the sleeping thread one of them (pin_wait), so one thread starts no worker. A
+ * worker that cannot be started leaves its share to the others. */
+static int pin_start(struct cvm_drv *d, size_t bytes, struct pin_job **out)
+{
+	struct pin_job *j = calloc(1, sizeof(*j));
+	unsigned want;
+	int err;
+
+	if (!j)
+		return CUVMM_ENOMEM;
+	err = pinned_map(bytes, &j->h);
+	if (err) {
+		free(j);
+		return err;
+	}
+	want = cvm_env_pin_threads();
+	if (want > j->h->npieces)
+		want = (unsigned)j->h->npieces;
+	j->d = d;
+	j->done = calloc(j->h->npieces, 1);
+	want--; /* the sleeping thread */
+	j->tid = calloc(want ? want : 1, sizeof(*j->tid));
+	if (!j->done || !j->tid) {
+		pinned_free(d, j->h);
+		free(j->done);
+		free(j->tid);
+		free(j);
+		return CUVMM_ENOMEM;
+	}
+	pthread_mutex_init(&j->lock, NULL);
+	pthread_cond_init(&j->cond, NULL);
+	while (j->nthreads < want && !pthread_create(&j->tid[j->nthreads], NULL, pin_worker, j))
+		j->nthreads++;
+	if (j->nthreads < want)
+		cvm_info("sleep: %u of %u pinning threads started", j->nthreads + 1, want + 1);
+	*out = j;
+	return CUVMM_OK;
+}
+
+/* Stop the workers (after the piece each is on) and wait for them. Returns the host copy, or NULL (freed)
+ * when `fail` or a piece failed; then *err holds the failure if it was not set. */
+static struct cvm_pinned *pin_finish(struct pin_job *j, bool fail, int *err)
+{
+	struct cvm_pinned *h = j->h;
+	int none = CUVMM_OK;
+
+	if (fail)
+		atomic_compare_exchange_strong(&j->err, &none, CUVMM_EDRIVER);
+	for (unsigned t = 0; t < j->nthreads; t++)
+		pthread_join(j->tid[t], NULL);
+	if (!fail && atomic_load(&j->err) && !*err)
+		*err = atomic_load(&j->err);
+	if (fail || *err) {
+		pinned_free(j->d, h);
+		h = NULL;
+	}
+	pthread_cond_destroy(&j->cond);
+	pthread_mutex_destroy(&j->lock);
+	free(j->done);
+	free(j->tid);
+	free(j);
+	return h;
+}
 
 struct cvm_sleep_chunk {
 	size_t g;      /* first granule */
@@ -29,7 +273,7 @@ struct cvm_sleep {
 	enum cuvmm_sleep_mode mode;
 	struct cvm_sleep_chunk *chunks;
 	size_t nchunks;
-	void *host;        /* OFFLOAD: contents of the chunks, in order */
+	struct cvm_pinned *host; /* OFFLOAD: contents of the chunks, in order */
 	size_t host_bytes;
 };
 
@@ -38,9 +282,10 @@ static size_t chunk_bytes(const struct cuvmm_region *r, const struct cvm_sleep_c
 	return r->dev->info.granularity << c->cls;
 }
 
-/* Copy the chunks to the host buffer, coalescing adjacent chunks into spans and cutting spans
- * into pieces. Stops at the first failure. */
-static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, CUstream stream)
+/* Copy the chunks to the host buffer, coalescing adjacent chunks into spans and cutting spans into the
+ * host copy's pieces, each queued once its piece is pinned (`pin`; NULL: pinned already). Stops at the
+ * first failure. */
+static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, struct pin_job *pin, CUstream stream)
 {
 	struct cvm_drv *d = CVM_DRV(r->dev);
 	size_t off = 0;
@@ -54,10 +299,15 @@ static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, CUstream stream
 			i++;
 		} while (i < s->nchunks && s->chunks[i].g == g + (bytes >> r->gshift));
 		for (size_t done = 0; done < bytes;) {
-			size_t n = bytes - done < CVM_COPY_PIECE ? bytes - done : CVM_COPY_PIECE;
+			size_t h = off + done, n = CVM_COPY_PIECE - h % CVM_COPY_PIECE;
 			uintptr_t dev = r->base + (g << r->gshift) + done;
-			char *host = (char *)s->host + off + done;
-			int err = cvm_drv_copy_dtoh(d, r->dev->index, host, dev, n, stream);
+			int err;
+
+			if (n > bytes - done)
+				n = bytes - done;
+			err = pin_wait(pin, h / CVM_COPY_PIECE);
+			if (!err)
+				err = cvm_drv_copy_dtoh(d, r->dev->index, s->host->p + h, dev, n, stream);
 
 			if (err) {
 				/* Pieces already queued still read or write both sides: let them finish before the
@@ -135,17 +385,22 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	if (mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes) {
 		/* Pinning is the slow part (seconds for GiBs, where the copy takes milliseconds): reuse the
 		 * pinned buffer an earlier wake kept, if it is large enough. */
+		struct pin_job *pin = NULL;
+
 		if (r->host_keep && r->host_keep_bytes >= s->host_bytes) {
 			s->host = r->host_keep;
 			r->host_keep = NULL;
 			r->host_keep_bytes = 0;
 		} else {
 			cvm_region_host_drop(r);
-			err = cvm_drv_host_alloc(d, s->host_bytes, &s->host);
+			err = pin_start(d, s->host_bytes, &pin);
 			if (err)
 				goto fail;
+			s->host = pin->h;
 		}
-		err = copy_out(r, s, stream);
+		err = copy_out(r, s, pin, stream);
+		if (pin)
+			s->host = pin_finish(pin, err != CUVMM_OK, &err);
 		if (err)
 			goto fail;
 	} else if (stream) {
@@ -189,12 +444,29 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	r->sleep = s;
 	return CUVMM_OK;
 fail:
-	if (s->host)
-		cvm_drv_host_free(d, s->host);
+	pinned_free(d, s->host);
 	free(kept);
 	free(s->chunks);
 	free(s);
 	return err;
+}
+
+/* Copy host bytes [off, off+n) to `dev`, cut so that no copy crosses a piece of the host copy. */
+static int copy_in(struct cuvmm_region *r, uintptr_t dev, const struct cvm_pinned *h, size_t off, size_t n,
+		   CUstream stream)
+{
+	for (size_t done = 0; done < n;) {
+		size_t k = CVM_COPY_PIECE - (off + done) % CVM_COPY_PIECE;
+		int err;
+
+		if (k > n - done)
+			k = n - done;
+		err = cvm_drv_copy_htod(CVM_DRV(r->dev), r->dev->index, dev + done, h->p + off + done, k, stream);
+		if (err)
+			return err;
+		done += k;
+	}
+	return CUVMM_OK;
 }
 
 /*
@@ -249,8 +521,8 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 		last = i + 1 == s->nchunks;
 		adjacent = !last && s->chunks[i + 1].g == s->chunks[i].g + cvm_span(r, c);
 		if (last || !adjacent || piece >= CVM_COPY_PIECE) {
-			err = cvm_drv_copy_htod(d, r->dev->index, r->base + (s->chunks[piece_first].g << r->gshift),
-						(char *)s->host + off, piece, stream);
+			err = copy_in(r, r->base + (s->chunks[piece_first].g << r->gshift), s->host, off, piece,
+				      stream);
 			if (err) {
 				i++; /* chunk i is mapped too */
 				goto undo;
@@ -333,8 +605,7 @@ void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned 
 
 void cvm_region_host_drop(struct cuvmm_region *r)
 {
-	if (r->host_keep)
-		cvm_drv_host_free(CVM_DRV(r->dev), r->host_keep);
+	pinned_free(CVM_DRV(r->dev), r->host_keep);
 	r->host_keep = NULL;
 	r->host_keep_bytes = 0;
 }
@@ -345,8 +616,7 @@ void cvm_sleep_discard(struct cuvmm_region *r)
 
 	if (!s)
 		return;
-	if (s->host)
-		cvm_drv_host_free(CVM_DRV(r->dev), s->host);
+	pinned_free(CVM_DRV(r->dev), s->host);
 	free(s->chunks);
 	free(s);
 	r->sleep = NULL;

@@ -1,6 +1,7 @@
 /*
  * Sleep and wake: regions (OFFLOAD keeps contents at the same addresses, DISCARD keeps the mapping layout),
- * pools (every allocation comes back at its address), the calls refused while asleep, memory given back to
+ * pools (every allocation comes back at its address), the host copy pinned in pieces by several threads
+ * (CUVMM_PIN_THREADS) under CUVMM_SLEEP_HOST_LIMIT, the calls refused while asleep, memory given back to
  * the driver and to the OS (host backend), every driver call of the sleep and wake paths made to fail (the
  * object is left awake and intact, or asleep and wakeable), and (CUDA) a graph captured before sleep that
  * replays after wake.
@@ -237,7 +238,7 @@ START_TEST(test_region_discard)
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_region *r = region(ctx, 16 * G);
 	struct tc_snap awake, asleep, now;
-	uint64_t host_allocs, copies;
+	uint64_t host_regs, copies;
 	CUstream s = NULL;
 
 	if (_i)
@@ -246,7 +247,7 @@ START_TEST(test_region_discard)
 	fill_scattered(r, 61);
 	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
 	awake = tc_snap_take(ctx, r);
-	host_allocs = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC);
+	host_regs = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
 	copies = cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY);
 
 	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_DISCARD, s), CUVMM_OK);
@@ -264,7 +265,7 @@ START_TEST(test_region_discard)
 	now = tc_snap_take(ctx, r);
 	tc_snap_expect_same(&awake, &now, "discard", true);
 	/* no pinned memory, no copy either way */
-	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC), host_allocs);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER), host_regs);
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY), copies);
 	/* the same ranges are mapped and usable (contents unspecified) */
 	fill_scattered(r, 62);
@@ -292,7 +293,7 @@ START_TEST(test_region_sleep_empty)
 		ck_assert_uint_eq(st.mapped_bytes, 0);
 		ck_assert_uint_eq(st.live_bytes, 0);
 	}
-	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_ALLOC), 0);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER), 0);
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_COPY), 0);
 
 	/* mapped, then unmapped again: nothing to sleep either */
@@ -728,7 +729,7 @@ static struct cuvmm_region *fault_region(struct cuvmm_ctx *ctx)
 }
 
 /*
- * Sleep failing: HOST_ALLOC, COPY (first, second, last piece), UNMAP (first, second, sixth, last chunk), and
+ * Sleep failing: HOST_REGISTER, COPY (first, second, last piece), UNMAP (first, second, sixth, last chunk), and
  * DEVICE_SYNC (NULL stream). The region stays awake and intact, every chunk back in place; sleep then works.
  */
 static const struct {
@@ -737,8 +738,8 @@ static const struct {
 	int err;
 	bool stream;
 } sleep_faults[] = {
-	{CUVMM_CALL_HOST_ALLOC, 0, CUVMM_ENOMEM, false},
-	{CUVMM_CALL_HOST_ALLOC, 0, CUVMM_ENOMEM, true},
+	{CUVMM_CALL_HOST_REGISTER, 0, CUVMM_ENOMEM, false},
+	{CUVMM_CALL_HOST_REGISTER, 0, CUVMM_EDRIVER, true},
 	{CUVMM_CALL_COPY, 0, CUVMM_EDRIVER, false},
 	{CUVMM_CALL_COPY, 1, CUVMM_EDRIVER, true},
 	{CUVMM_CALL_COPY, 4, CUVMM_EDRIVER, false},
@@ -792,13 +793,13 @@ START_TEST(test_fault_sleep)
 }
 END_TEST
 
-/* DISCARD allocates nothing: a HOST_ALLOC or COPY fault does not stop it. */
+/* DISCARD pins nothing: a HOST_REGISTER or COPY fault does not stop it. */
 START_TEST(test_fault_discard_needs_no_copy)
 {
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_region *r = fault_region(ctx);
 
-	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_HOST_ALLOC, 0, UINT32_MAX, CUVMM_ENOMEM), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_HOST_REGISTER, 0, UINT32_MAX, CUVMM_ENOMEM), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_COPY, 0, UINT32_MAX, CUVMM_EDRIVER), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_DISCARD, NULL), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
@@ -807,6 +808,169 @@ START_TEST(test_fault_discard_needs_no_copy)
 	ck_assert_uint_eq(check_layout(r, 112), 0);
 	cuvmm_region_destroy(r);
 	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/* ----- the host copy: pinned in pieces, by several threads ----- */
+
+#define PIN_PIECE (64 * TC_MiB) /* lib/sleep.c's CVM_COPY_PIECE */
+
+/* 72 granules, [0, 20) and [22, 70) mapped: spans of 40 and 96 MiB whose copies cross the host copy's
+ * pieces (64 + 64 + 8 MiB) at 64 and 128 MiB, inside the second span. */
+static struct cuvmm_region *pin_region(struct cuvmm_ctx *ctx, uint32_t v)
+{
+	struct cuvmm_region *r = region(ctx, 72 * G);
+
+	ck_assert_int_eq(cuvmm_region_map(r, 0, 20 * G), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_map(r, 22 * G, 48 * G), CUVMM_OK);
+	fill_g(r, 0, 20, v);
+	fill_g(r, 22, 48, v);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	return r;
+}
+
+static uint64_t pin_check(struct cuvmm_region *r, uint32_t v)
+{
+	return check_g(r, 0, 20, v) + check_g(r, 22, 48, v);
+}
+
+static void set_threads(unsigned n)
+{
+	char v[16];
+
+	snprintf(v, sizeof(v), "%u", n);
+	tc_env_set("CUVMM_PIN_THREADS", v);
+}
+
+static size_t registered(void)
+{
+	return tc_on_host() ? cvm_host_registered_bytes() : 0;
+}
+
+/* A 136 MiB copy: 3 pieces registered (one call each) by 1, 2, 3 and 16 threads (at most 3 start), the
+ * contents back after wake, the pinned copy kept for the next sleep (no new registration) and unpinned by
+ * destroy. */
+static const unsigned pin_threads[] = {1, 2, 3, 16};
+
+START_TEST(test_pin_pieces)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	size_t reg0 = registered();
+	struct cuvmm_region *r;
+	uint64_t calls;
+	CUstream s = NULL;
+
+	set_threads(pin_threads[_i]);
+	if (_i & 1)
+		ck_assert_int_eq(tc_stream_create(&s), 0);
+	r = pin_region(ctx, 71);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 3);
+	if (tc_on_host())
+		ck_assert_uint_eq(registered() - reg0, 68 * G);
+	ck_assert_uint_eq(tc_region_stats(r).held_bytes, 0);
+	ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_OK);
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+	ck_assert_uint_eq(pin_check(r, 71), 0);
+	/* the kept copy serves the next sleep */
+	fill_g(r, 22, 48, 72);
+	fill_g(r, 0, 20, 72);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, s), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 3);
+	ck_assert_int_eq(cuvmm_region_wake(r, s), CUVMM_OK);
+	ck_assert_int_eq(tc_stream_sync(s), 0);
+	ck_assert_uint_eq(pin_check(r, 72), 0);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_eq(registered(), reg0);
+	tc_stream_destroy(s);
+	cuvmm_ctx_destroy(ctx);
+	tc_env_restore();
+}
+END_TEST
+
+/*
+ * A registration refused in a pinning thread (the first, second or last piece; 1 and 3 threads): the sleep
+ * fails with the error, every piece registered is unregistered, and the region is awake and intact; then it
+ * sleeps. With several threads, pieces after the refused one may have been claimed already: at least
+ * skip + 1 calls (exactly, with one).
+ */
+START_TEST(test_fault_pin)
+{
+	const uint64_t skip = (uint64_t)(_i % 3);
+	const unsigned threads = _i < 3 ? 1 : 3;
+	const int err = _i & 1 ? CUVMM_ENOMEM : CUVMM_EDRIVER;
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	size_t reg0 = registered();
+	struct cuvmm_region *r;
+	struct tc_snap before, after;
+	uint64_t calls;
+	char what[64];
+	int got;
+
+	snprintf(what, sizeof(what), "register %llu refused, %u threads", (unsigned long long)skip, threads);
+	set_threads(threads);
+	r = pin_region(ctx, 81);
+	before = tc_snap_take(ctx, r);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_HOST_REGISTER, skip, 1, err), CUVMM_OK);
+	got = cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL);
+	ck_assert_msg(got == err, "%s: returned %s, want %s", what, cuvmm_err_name(got), cuvmm_err_name(err));
+	ck_assert_uint_ge(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, skip + 1);
+	if (threads == 1)
+		ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, skip + 1);
+	ck_assert_msg(registered() == reg0, "%s: %zu bytes left registered", what, registered() - reg0);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&before, &after, what, true);
+	ck_assert_msg(pin_check(r, 81) == 0, "%s: contents changed", what);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pin_check(r, 81), 0);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_eq(registered(), reg0);
+	cuvmm_ctx_destroy(ctx);
+	tc_env_restore();
+}
+END_TEST
+
+/*
+ * CUVMM_SLEEP_HOST_LIMIT caps the host copies of the process, kept ones included: a copy above it is
+ * refused with ENOMEM before anything is pinned (the region awake and intact), one under it sleeps; with
+ * the first region's copy kept after its wake, a second region's copy that would pass the cap is refused
+ * too, and fits once the first region is destroyed.
+ */
+START_TEST(test_sleep_host_limit)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r = pin_region(ctx, 91), *r2 = fault_region(ctx); /* trims: made before any copy is kept */
+	struct tc_snap before, after;
+	uint64_t calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+
+	tc_env_set("CUVMM_SLEEP_HOST_LIMIT", "135M"); /* 1 MiB short */
+	before = tc_snap_take(ctx, r);
+	tc_log_capture(CUVMM_LOG_WARN);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_ENOMEM);
+	ck_assert_int_eq(tc_log_count(CUVMM_LOG_WARN, "CUVMM_SLEEP_HOST_LIMIT"), 1);
+	tc_log_release();
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER), calls);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&before, &after, "over the host limit", true);
+	tc_env_set("CUVMM_SLEEP_HOST_LIMIT", "150M");
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pin_check(r, 91), 0);
+	/* 136 MiB kept + 20 MiB > 150 MiB */
+	tc_log_capture(CUVMM_LOG_WARN);
+	ck_assert_int_eq(cuvmm_region_sleep(r2, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_ENOMEM);
+	tc_log_release();
+	ck_assert_uint_eq(check_layout(r2, 111), 0);
+	cuvmm_region_destroy(r);
+	ck_assert_int_eq(cuvmm_region_sleep(r2, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r2, NULL), CUVMM_OK);
+	ck_assert_uint_eq(check_layout(r2, 111), 0);
+	cuvmm_region_destroy(r2);
+	cuvmm_ctx_destroy(ctx);
+	tc_env_restore();
 }
 END_TEST
 
@@ -1069,6 +1233,7 @@ static Suite *sleep_suite(void)
 	tcase_add_test(tc, test_sleep_einval_estate);
 	tcase_add_test(tc, test_region_destroy_asleep);
 	tcase_add_test(tc, test_region_sleep_pending_unmap);
+	tcase_add_loop_test(tc, test_pin_pieces, 0, 4);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("pool");
@@ -1088,6 +1253,8 @@ static Suite *sleep_suite(void)
 	tcase_add_loop_test(tc, test_fault_wake, 0, WAKE_FAULT_CASES);
 	tcase_add_test(tc, test_fault_sleep_stuck_unmap);
 	tcase_add_test(tc, test_fault_pool);
+	tcase_add_loop_test(tc, test_fault_pin, 0, 6);
+	tcase_add_test(tc, test_sleep_host_limit);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("gpu");

@@ -45,6 +45,7 @@ class Call(enum.IntEnum):
     COPY = 14
     CAPTURE_INFO = 15
     PEER_QUERY = 16
+    HOST_REGISTER = 17
 
 
 class LogLevel(enum.IntEnum):
