@@ -543,6 +543,8 @@ CUVMM_API int cuvmm_free(struct cuvmm_pool *pool, void *ptr);
 /**
  * Allocate in stream order, as cudaMallocAsync: memory freed on @p stream is reusable at once, memory
  * freed on other streams once the freeing work has completed (checked with events, never by waiting).
+ * Packed allocations (cuvmm_malloc()) freed on @p stream are taken at once by allocations of the same size
+ * rounded up to 512 bytes; by other sizes once the freeing work has completed.
  * @param[in] pool the pool
  * @param[in] bytes size; 0 is invalid
  * @param[in] stream the stream the memory will be used on

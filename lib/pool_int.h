@@ -104,6 +104,9 @@ void cvm_slab_drain(struct cuvmm_pool *p, int max);
 /* Queue the stream free of packed allocation `x` at `a` until `ev` (recorded on `stream`, taken over) has
  * completed. false: no memory for the entry (nothing queued). */
 bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, CUstream stream, cvm_event ev);
+/* A packed allocation of length `len` freed on `stream` and still queued, taken out of the queue (its event
+ * dropped: the stream orders the reuse), or NULL. */
+struct cvm_pack_alloc *cvm_dq_take_packed(struct cuvmm_pool *p, CUstream stream, size_t len);
 /* Drop the queue of small stream frees (destroy); the slabs go with their runs. */
 void cvm_slab_discard(struct cuvmm_pool *p);
 
@@ -115,7 +118,8 @@ int cvm_pool_pack_init(struct cuvmm_pool *p);
 void cvm_pool_pack_fini(struct cuvmm_pool *p);
 /* The packed allocation starting at `a` (live, or freed on a stream and pending), or NULL. */
 struct cvm_pack_alloc *cvm_pool_pack_find(struct cuvmm_pool *p, uintptr_t a);
-/* A packed allocation (small_max < bytes <= pack_max). */
+/* A packed allocation (small_max < bytes <= pack_max); on `stream` (or NULL), one of the same length freed
+ * on that stream is reused at once. */
 int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr);
 /* Free live packed allocation `x`: at once (fenced by the device epoch), or, with `ev` (recorded on `stream`,
  * taken over), its bytes stay taken until the event has completed. */

@@ -2,7 +2,8 @@
  * The pool's packed allocations (above the slab limit, up to CVM_PACK_MAX_GRANULES granules): the pool side
  * of pack.h. The packer places byte ranges; this file gives it granules from the run layer (one PACK run per
  * chunk) and takes back, as FREE memory behind the usual fences, the runs on which no live byte is left.
- * Stream frees wait in the deferred queue (pool_slab.c) for their event.
+ * Stream frees wait in the deferred queue (pool_slab.c) for their event, and are reused at once by an
+ * allocation of the same length on the same stream.
  */
 #include <stdlib.h>
 
@@ -161,7 +162,14 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	size_t len = cvm_pack_len(bytes);
 	int err = CUVMM_OK;
 
-	(void)stream;
+	/* Stream-ordered reuse: an allocation of this length freed on this very stream is ready for it now
+	 * (still in the packer, its bytes taken: pending). */
+	x = stream ? cvm_dq_take_packed(p, stream, len) : NULL;
+	if (x) {
+		x->pending = false;
+		x->bytes = bytes;
+		goto done;
+	}
 	x = calloc(1, sizeof(*x));
 	if (!x)
 		return CUVMM_ENOMEM;
@@ -184,6 +192,7 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	}
 	x->off = plan.off;
 	cvm_pack_insert(&p->pack, x, plan.fresh || plan.ng);
+done:
 	cvm_pool_live_add(p, (int64_t)bytes);
 	*ptr = (void *)(p->r.base + x->off);
 	return CUVMM_OK;
@@ -197,7 +206,7 @@ void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, CUstream
 		return;
 	}
 	/* Its bytes share granules with other allocations: they stay taken until the event completes
-	 * (cvm_slab_drain). */
+	 * (cvm_slab_drain), except for a later allocation of the same length on the same stream. */
 	x->pending = true;
 	if (cvm_dq_add(p, (uintptr_t)(p->r.base + x->off), x, stream, ev))
 		return;

@@ -294,6 +294,23 @@ bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, CUs
 	return true;
 }
 
+struct cvm_pack_alloc *cvm_dq_take_packed(struct cuvmm_pool *p, CUstream stream, size_t len)
+{
+	struct cvm_dfree *prev = NULL, *d = p->dq_head;
+	struct cvm_pack_alloc *x;
+
+	for (int n = 0; d && n < CVM_DQ_SCAN; prev = d, d = d->next, n++) {
+		if (d->stream != stream || !d->pack || d->pack->len != len)
+			continue;
+		dq_remove(p, prev, d);
+		x = d->pack;
+		cvm_region_event_put_locked(&p->r, d->ev);
+		free(d);
+		return x;
+	}
+	return NULL;
+}
+
 void cvm_slab_discard(struct cuvmm_pool *p)
 {
 	while (p->dq_head) {

@@ -125,7 +125,7 @@ static void trim_ok(struct cuvmm_pool *pool, size_t keep)
 	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_trim: %s", cuvmm_err_name(err));
 }
 
-/* ----- what the pool counts: a copy of the rule in lib/pool.c ----- */
+/* ----- what the pool counts: a copy of the rules in lib/pool_slab.c and lib/pool_pack.c ----- */
 
 /* Largest size served from slabs: a quarter of a granule (four slots at least), at most 1 MiB. */
 static size_t small_max_of(size_t gran)
@@ -141,7 +141,7 @@ static size_t pack_max_of(size_t gran)
 	return small_max_of(gran) ? 32 * gran : 0;
 }
 
-/* Size classes: 256-byte steps to 1 KiB, then four steps per doubling (pool.c: small_class, class_size). */
+/* Size classes: 256-byte steps to 1 KiB, then four steps per doubling (pool_slab.c: small_class, class_size). */
 static size_t class_round(size_t s)
 {
 	unsigned p;
@@ -174,8 +174,8 @@ static size_t foot_of(size_t bytes, size_t gran)
 	return round_up(bytes, bytes <= pack_max_of(gran) ? 512 : gran);
 }
 
-/* Granules a large allocation of k granules may take at most: cut_len in pool.c lets it extend to the end of
- * the chunk it ends in, by up to max(1, k/16) granules. */
+/* Granules a large allocation of k granules may take at most: cut_len in pool_place.c lets it extend to the end
+ * of the chunk it ends in, by up to max(1, k/16) granules. */
 static size_t max_granules(size_t k)
 {
 	return k + (k / 16 > 1 ? k / 16 : 1);
@@ -1598,7 +1598,7 @@ END_TEST
 /*
  * The case where "held <= live + one granule per allocation" cannot hold: a free run made of 16-granule chunks
  * (what a fresh allocation of 256 granules maps) serves a 241-granule allocation by extending it to its
- * chunk's end (cut_len in pool.c: up to max(1, k/16) granules), and the whole chunk stays held while the
+ * chunk's end (cut_len in pool_place.c: up to max(1, k/16) granules), and the whole chunk stays held while the
  * allocation lives.
  */
 START_TEST(test_idle_bound_cut_extension)
@@ -1720,7 +1720,7 @@ START_TEST(test_stream_reuse_large)
 	ctx = new_ctx(-1, false, 0, 0);
 	pool = new_pool(ctx, 0);
 	g = gran_of(ctx);
-	size = 36 * g; /* above the packer's limit: packed allocations freed on a stream wait for the event */
+	size = 36 * g; /* above the packer's limit (test_stream_reuse_packed does packed ones) */
 	s1 = new_stream(0);
 	s2 = new_stream(1);
 	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &x), CUVMM_OK);
@@ -1871,6 +1871,72 @@ START_TEST(test_stream_slab_from_pending_run)
 		for (int i = 0; i < 4; i++)
 			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
 	}
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * Packed allocations share granules, so memory freed on s1 stays taken until its event completes, but s1
+ * itself may reuse it at once (the API's promise for cuvmm_free_async): an allocation of the same packed
+ * length on s1 gets the same address; other streams and stream-less allocations do not.
+ */
+START_TEST(test_stream_reuse_packed)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	CUstream s1, s2;
+	size_t g, size;
+	void *x, *nb, *y, *y2, *z, *w, *v;
+
+	if (!tc_on_host())
+		return; /* needs the gate */
+	ctx = new_ctx(-1, false, 0, 0);
+	pool = new_pool(ctx, 0);
+	g = gran_of(ctx);
+	size = 2 * g + 1000; /* packed: 2 granules and 1024 bytes */
+	ck_assert_uint_le(size, pack_max_of(g));
+	s1 = new_stream(0);
+	s2 = new_stream(1);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &nb), CUVMM_OK); /* on x's last granule */
+	ck_assert_uint_eq(((uintptr_t)nb - 1) / g, ((uintptr_t)x + size) / g);
+	ck_assert_int_eq(pat_fill(nb, size, 7), 0);
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_free_async(pool, x, s1), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(pool).live_bytes, size);
+	/* On the freeing stream: at once, the same length (1000 and 900 bytes past 2 granules are both 1024). */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size - 100, s1, &y), CUVMM_OK);
+	ck_assert_ptr_eq(y, x);
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 2 * size - 100);
+	ck_assert_int_eq(cuvmm_free_async(pool, y, s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &y2), CUVMM_OK);
+	ck_assert_ptr_eq(y2, x);
+	ck_assert_int_eq(cuvmm_free_async(pool, y2, s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free_async(pool, y2, s1), CUVMM_EINVAL); /* freed already (pending) */
+	/* Anywhere else: not while the freeing work may still run. */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s2, &z), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &w), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, NULL, &v), CUVMM_OK);
+	{
+		void *const got[] = {z, w, v};
+
+		for (int i = 0; i < 3; i++)
+			ck_assert_msg(!overlaps((uintptr_t)got[i], size, (uintptr_t)x, size),
+				      "allocation %d (%p) got packed memory freed on another stream whose work has not "
+				      "completed (%p)", i, got[i], x);
+	}
+	ck_assert_uint_eq(pat_bad(nb, size, 7), 0);
+	cvm_host_gate_open();
+	{
+		void *const all[] = {nb, z, w, v};
+
+		for (int i = 0; i < 4; i++)
+			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
+	}
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
 	trim_ok(pool, 0);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
 	cuvmm_pool_destroy(pool);
@@ -2514,6 +2580,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_stream_reuse_large);
 	tcase_add_test(tc, test_stream_reuse_small);
 	tcase_add_test(tc, test_stream_slab_from_pending_run);
+	tcase_add_test(tc, test_stream_reuse_packed);
 
 	tc = new_tcase(s, "threads");
 	tcase_add_test(tc, test_threads);
