@@ -876,6 +876,46 @@ START_TEST(test_fault_malloc_fresh)
 }
 END_TEST
 
+/*
+ * A packed allocation that would bump past the cursor, whose new granules cannot be mapped, takes granules of
+ * its own instead: as many as its whole length needs, not just the ones the bump lacked (the fuzz harness
+ * found it spilling into the granule after them, over a neighbour or into unmapped address space).
+ */
+START_TEST(test_fault_pack_bump)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx), asz = 2 * g + g / 2, bsz = 2 * g + g / 4;
+	static const enum cuvmm_call calls[] = {CUVMM_CALL_CREATE, CUVMM_CALL_MAP, CUVMM_CALL_SET_ACCESS};
+	void *a, *b, *c;
+
+	for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+		/* a: 3 granules, its last half full; b would bump over 2 more, the map of which fails. */
+		ck_assert_int_eq(cuvmm_malloc(pool, asz, &a), CUVMM_OK);
+		inject(ctx, calls[i], 0, 1, CUVMM_EDRIVER);
+		ck_assert_int_eq(cuvmm_malloc(pool, bsz, &b), CUVMM_OK);
+		inject(ctx, calls[i], 0, 0, CUVMM_EDRIVER);
+		ck_assert_msg((uintptr_t)b % g == 0, "%s refused: b %p is not on granules of its own (a %p)",
+			      cuvmm_call_name(calls[i]), b, a);
+		ck_assert_int_eq(cuvmm_malloc(pool, asz, &c), CUVMM_OK);
+		ck_assert_msg(!overlaps((uintptr_t)b, bsz, (uintptr_t)c, asz) &&
+				      !overlaps((uintptr_t)b, bsz, (uintptr_t)a, asz),
+			      "%s refused: b [%p, +%zu) overlaps a %p or c %p", cuvmm_call_name(calls[i]), b, bsz, a, c);
+		ck_assert_int_eq(pat_fill(a, asz, 1), 0);
+		ck_assert_int_eq(pat_fill(c, asz, 3), 0);
+		ck_assert_int_eq(pat_fill(b, bsz, 2), 0); /* (faults if b reaches unmapped memory) */
+		ck_assert_uint_eq(pat_bad(a, asz, 1) + pat_bad(c, asz, 3), 0);
+		ck_assert_int_eq(cuvmm_free(pool, a), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free(pool, c), CUVMM_OK);
+		trim_ok(pool, 0); /* no slack again: the bump is tried */
+	}
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* ENOMEM while the pool has free memory mapped: the pool gives its slack back and tries again. */
 START_TEST(test_fault_enomem_gives_slack_back)
 {
@@ -2556,6 +2596,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_fault_unmap);
 	tcase_add_test(tc, test_fault_release);
 	tcase_add_test(tc, test_fault_compose);
+	tcase_add_test(tc, test_fault_pack_bump);
 
 	tc = new_tcase(s, "placement");
 	tcase_add_test(tc, test_seg_first);
