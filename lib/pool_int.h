@@ -107,7 +107,8 @@ bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, CUs
 /* A packed allocation of length `len` freed on `stream` and still queued, taken out of the queue (its event
  * dropped: the stream orders the reuse), or NULL. */
 struct cvm_pack_alloc *cvm_dq_take_packed(struct cuvmm_pool *p, CUstream stream, size_t len);
-/* Drop the queue of small stream frees (destroy); the slabs go with their runs. */
+/* Drop the queue of stream frees (destroy); the slabs go with their runs, packed allocations with the
+ * packer (cvm_pool_pack_fini). */
 void cvm_slab_discard(struct cuvmm_pool *p);
 
 /* ----- pool_pack.c ----- */
