@@ -62,8 +62,8 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	if (!ctx->cfg.host_granularity)
 		ctx->cfg.host_granularity = CVM_DEFAULT_HOST_GRANULARITY;
 	resolve_backend(&ctx->cfg);
-	/* cvm_config_check refused delays above CUVMM_RELEASE_DELAY_MS_MAX, which count in nanoseconds. */
-	ctx->delay_ns = ctx->cfg.release_delay_ms < 0 ? UINT64_MAX : (uint64_t)ctx->cfg.release_delay_ms * 1000000u;
+	cvm_policy_init(&ctx->policy, ctx->cfg.release_delay_ms, ctx->cfg.retain_bytes);
+	ctx->delay_ns = ctx->policy.delay_ns;
 	ctx->clients.next = ctx->clients.prev = &ctx->clients;
 	atomic_init(&ctx->next_deadline, UINT64_MAX);
 
@@ -120,7 +120,7 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 		pthread_mutex_init(&ctx->dev[i].regions_lock, NULL);
 	}
 	cvm_pub_open(ctx); /* before the background thread, which writes it */
-	if (ctx->cfg.background_release && ctx->delay_ns != UINT64_MAX && ctx->delay_ns != 0) {
+	if (ctx->cfg.background_release && !cvm_policy_never(&ctx->policy) && !cvm_policy_at_once(&ctx->policy)) {
 		if (pthread_create(&ctx->bg, NULL, bg_main, ctx)) {
 			err = CUVMM_ENOMEM;
 			cvm_pub_close(ctx);
@@ -214,6 +214,34 @@ int cuvmm_ctx_device_count(const struct cuvmm_ctx *ctx, int *count)
 	return CUVMM_OK;
 }
 
+/* Physical memory's wake-up: cached chunks come due at `deadline`. */
+static void phys_wake(void *arg, uint64_t deadline)
+{
+	cvm_ctx_kick(arg, deadline);
+}
+
+/* Open the device's physical memory: its limit is device_limit_bytes, at most the device's memory. */
+static int dev_phys_init(struct cvm_dev *dev)
+{
+	struct cuvmm_ctx *ctx = dev->ctx;
+	size_t limit = ctx->cfg.device_limit_bytes, total = dev->info.total_bytes;
+	struct cvm_phys_params par = {
+		.drv = &ctx->drv,
+		.device = dev->index,
+		.granularity = dev->info.granularity,
+		.limit = limit && limit < total ? limit : total,
+		.cnt = &dev->cnt,
+		.acct = &dev->acct,
+		.policy = &ctx->policy,
+		.wake = phys_wake,
+		.wake_arg = ctx,
+	};
+
+	if (!limit && !total)
+		par.limit = SIZE_MAX;
+	return cvm_phys_init(&dev->phys, &par);
+}
+
 int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out)
 {
 	struct cvm_dev *dev;
@@ -239,7 +267,7 @@ int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out)
 			err = CUVMM_ENOTSUP;
 		}
 		if (!err) {
-			err = cvm_phys_init(&dev->phys, dev);
+			err = dev_phys_init(dev);
 			if (err)
 				cvm_drv_device_close(&ctx->drv, device);
 		}
@@ -292,13 +320,7 @@ int cuvmm_ctx_can_access_peer(struct cuvmm_ctx *ctx, int device, int peer, bool 
 
 uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks)
 {
-	uint64_t calls = atomic_load(&dev->cnt.create_calls) + atomic_load(&dev->cnt.release_calls) +
-			 atomic_load(&dev->cnt.map_calls) + atomic_load(&dev->cnt.unmap_calls);
-	uint64_t per_call = calls ? atomic_load(&dev->cnt.driver_ns) / calls : 25000, max = cvm_ctx_max_lead(dev->ctx);
-
-	if (!chunks || !max)
-		return 0;
-	return chunks > max / (2 * per_call + 1) ? max : chunks * 2 * per_call;
+	return cvm_policy_lead(&dev->ctx->policy, &dev->cnt, chunks);
 }
 
 int cvm_dev_sync(struct cvm_dev *dev)

@@ -12,6 +12,7 @@
 #include "drv.h"
 #include "graph.h"
 #include "phys.h"
+#include "policy.h"
 #include "publish.h"
 
 #define CVM_MAX_DEVICES 64
@@ -35,12 +36,8 @@ struct cvm_dev {
 	uint64_t peers_added;
 };
 
-/*
- * How long before its release deadline giving back `chunks` handles should start, so that it is done by
- * then: the chunks at the cost per driver call measured on this device so far (an unmap and a release
- * each; 25 us per call until there is a measurement), at most cvm_ctx_max_lead(). Idle memory is then
- * back with the driver release_delay_ms after it was freed, not that plus the time the driver takes.
- */
+/* The release lead (cvm_policy_lead) of `chunks` handles on this device, at the cost per driver call
+ * measured on it so far. */
 uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks);
 
 /* Synchronise the device (call with no lock held) and advance safe_epoch past every earlier free.
@@ -79,7 +76,10 @@ struct cuvmm_ctx {
 	struct cuvmm_config cfg;
 	struct cvm_drv drv;
 	int ndev;
-	uint64_t delay_ns;        /* release_delay_ms in ns; UINT64_MAX for never */
+	struct cvm_policy policy; /* when idle memory goes back: every client and device asks it */
+	/* policy.delay_ns, for pool.c until it asks the policy (cvm_policy_due, cvm_policy_deadline,
+	 * cvm_policy_window_ns); nothing else may read it. To be removed then. */
+	uint64_t delay_ns;
 
 	pthread_mutex_t dev_lock; /* opening devices */
 	struct cvm_dev dev[CVM_MAX_DEVICES];
@@ -102,12 +102,6 @@ struct cuvmm_ctx {
 	struct cvm_pub *pub;          /* the counters published for cuvmm-top (publish.h); NULL: not published */
 };
 
-/* The most that releases start ahead of release_delay_ms (cvm_dev_release_lead): a quarter of it. */
-static inline uint64_t cvm_ctx_max_lead(const struct cuvmm_ctx *ctx)
-{
-	return ctx->delay_ns == UINT64_MAX ? 0 : ctx->delay_ns / 4;
-}
-
 /* The device, opened on first use. CUVMM_ENODEV if out of range or without VMM support. */
 int cvm_ctx_dev(struct cuvmm_ctx *ctx, int device, struct cvm_dev **out);
 /* The devices to get access to memory on `device` (bit i: device i, `device` itself always among them) for a
@@ -125,11 +119,12 @@ void cvm_ctx_remove_client(struct cuvmm_ctx *ctx, struct cvm_client *c);
  * does the work. Cheap when nothing changes: one atomic load.
  */
 void cvm_ctx_kick(struct cuvmm_ctx *ctx, uint64_t deadline);
-/* Memory freed at `now` comes due release_delay_ms later, less the release lead: wake the pass by then. */
-static inline void cvm_ctx_kick_freed(struct cuvmm_ctx *ctx, uint64_t now)
+/* Memory idle since `since` comes due when the policy says, at the latest (with the longest lead): wake the
+ * pass by then. Nothing when it never comes due. */
+static inline void cvm_ctx_kick_freed(struct cuvmm_ctx *ctx, uint64_t since)
 {
-	if (ctx->delay_ns != UINT64_MAX)
-		cvm_ctx_kick(ctx, now + ctx->delay_ns - cvm_ctx_max_lead(ctx));
+	if (!cvm_policy_never(&ctx->policy))
+		cvm_ctx_kick(ctx, cvm_policy_deadline(&ctx->policy, since, cvm_policy_max_lead(&ctx->policy)));
 }
 /* Called on library entry points: runs a reclaim pass if one is due and there is no background thread. */
 void cvm_ctx_poll(struct cuvmm_ctx *ctx);
@@ -137,8 +132,5 @@ void cvm_ctx_poll(struct cuvmm_ctx *ctx);
 uint64_t cvm_ctx_reclaim(struct cuvmm_ctx *ctx, uint64_t now, bool force, int device, size_t keep);
 
 #define CVM_DRV(dev) (&(dev)->ctx->drv)
-
-/* Poll interval for fences still pending: how soon to look again at GPU work that has not completed. */
-#define CVM_FENCE_POLL_NS 2000000ull
 
 #endif /* CVM_CTX_H */

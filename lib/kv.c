@@ -128,18 +128,17 @@ static void unmap_page_undo(struct cuvmm_kv *kv, uint32_t p, uint32_t n)
 	}
 }
 
+/* Unmap empty page p in every tensor; its chunks go to the device's cache idle since the page emptied, so
+ * that the release delay is counted once (policy.h). */
 static void unmap_page(struct cuvmm_kv *kv, uint32_t p)
 {
 	for (uint32_t t = 0; t < kv->tensors; t++) {
 		struct cuvmm_region *r = &kv->t[t];
-		struct cvm_fence *f;
 
 		pthread_mutex_lock(&r->lock);
-		/* The caller established that no GPU work touches the page: a complete fence. */
-		if (cvm_region_fence_locked(r, NULL, &f) == CUVMM_OK) {
-			cvm_region_unmap_locked(r, p, 1, f);
+		/* The caller established that no GPU work touches the page. */
+		if (cvm_region_release_locked(r, p, 1, kv->pg[p].empty_ns) == CUVMM_OK)
 			cvm_region_process_locked(r, cvm_now_ns(), false);
-		}
 		pthread_mutex_unlock(&r->lock);
 	}
 	bucket_remove(kv, p);
@@ -211,9 +210,9 @@ static void page_filled(struct cuvmm_kv *kv, uint32_t p)
 	kv->empty_pages--;
 }
 
-/* Take block b for the caller: map the pages it touches that are not mapped (recorded in fresh[] so a
+/* Take block b for the caller: map the pages it touches that are not mapped (recorded in newp[] so a
  * failed call can undo them). */
-static int take_block(struct cuvmm_kv *kv, uint32_t b, uint32_t *fresh, uint32_t *nfresh)
+static int take_block(struct cuvmm_kv *kv, uint32_t b, uint32_t *newp, uint32_t *nnew)
 {
 	uint32_t first, last, home;
 	int err;
@@ -225,7 +224,7 @@ static int take_block(struct cuvmm_kv *kv, uint32_t b, uint32_t *fresh, uint32_t
 		err = map_page(kv, q);
 		if (err)
 			return err;
-		fresh[(*nfresh)++] = q;
+		newp[(*nnew)++] = q;
 		kv->pg[q].empty_ns = cvm_now_ns();
 		kv->pg[q].epoch = 0;
 		kv->empty_pages++;
@@ -413,7 +412,7 @@ void *cuvmm_kv_tensor(const struct cuvmm_kv *kv, uint32_t tensor)
 
 int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 {
-	uint32_t *fresh, *got_ids, nfresh = 0, got = 0, ppb, nset = 0, aside;
+	uint32_t *newp, *got_ids, nnew = 0, got = 0, ppb, nset = 0, aside;
 	uint64_t t0;
 	int err = CUVMM_OK;
 
@@ -428,12 +427,12 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 	 * undo; the ids go to the caller's array only on success. */
 	ppb = (uint32_t)((kv->block_bytes + kv->t[0].gran - 1) >> page_shift(kv)) + 2;
 	/* [0, n*ppb+1): pages this call mapped; then the ids; then pages set aside (at most all of them). */
-	fresh = malloc(((size_t)n * (ppb + 1) + 1 + kv->npages) * sizeof(*fresh));
-	if (!fresh) {
+	newp = malloc(((size_t)n * (ppb + 1) + 1 + kv->npages) * sizeof(*newp));
+	if (!newp) {
 		pthread_mutex_unlock(&kv->lock);
 		return CUVMM_ENOMEM;
 	}
-	got_ids = fresh + (size_t)n * ppb + 1;
+	got_ids = newp + (size_t)n * ppb + 1;
 	aside = (uint32_t)((size_t)n * (ppb + 1) + 1);
 	t0 = cvm_now_ns();
 	while (got < n) {
@@ -442,7 +441,7 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		/* A page whose free blocks all reach into a page being mapped ahead: set aside for this call. */
 		while (p != NONE && free_home_block(kv, p) == NONE) {
 			bucket_remove(kv, p);
-			fresh[nset++ + aside] = p;
+			newp[nset++ + aside] = p;
 			p = fullest(kv);
 		}
 
@@ -459,14 +458,14 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 				break;
 			kv->backing_ns += cvm_now_ns() - m0;
 			kv->backings++;
-			fresh[nfresh++] = p;
+			newp[nnew++] = p;
 			kv->pg[p].empty_ns = t0;
 			kv->pg[p].epoch = 0;
 			kv->empty_pages++;
 			bucket_insert(kv, p);
 		}
 		b = free_home_block(kv, p);
-		err = take_block(kv, b, fresh, &nfresh);
+		err = take_block(kv, b, newp, &nnew);
 		if (err)
 			break;
 		got_ids[got++] = b;
@@ -475,14 +474,14 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		/* All or nothing: give back the blocks and unmap the pages this call mapped. */
 		while (got > 0)
 			put_block(kv, got_ids[--got], NULL, t0);
-		for (uint32_t i = 0; i < nfresh; i++) {
-			struct cvm_kv_page *pg = &kv->pg[fresh[i]];
+		for (uint32_t i = 0; i < nnew; i++) {
+			struct cvm_kv_page *pg = &kv->pg[newp[i]];
 
 			fence_put(kv, pg->fence);
 			pg->fence = NULL;
 			kv->empty_pages--;
-			unmap_page_undo(kv, fresh[i], kv->tensors);
-			bucket_remove(kv, fresh[i]);
+			unmap_page_undo(kv, newp[i], kv->tensors);
+			bucket_remove(kv, newp[i]);
 			pg->mapped = false;
 			kv->mapped_pages--;
 		}
@@ -493,8 +492,8 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 		cvm_acct_live(&kv->acct, (int64_t)((size_t)n * kv->block_bytes * kv->tensors));
 	}
 	for (uint32_t i = 0; i < nset; i++)
-		bucket_insert(kv, fresh[aside + i]);
-	free(fresh);
+		bucket_insert(kv, newp[aside + i]);
+	free(newp);
 	/* Running low on room in mapped pages: let the background pass map ahead. */
 	if (!err && kv->empty_pages < kv->ahead && (kv->top == 0 || fullest(kv) == NONE))
 		cvm_ctx_kick(kv->ctx, cvm_now_ns());
@@ -549,8 +548,7 @@ int cuvmm_kv_free(struct cuvmm_kv *kv, uint32_t n, const uint32_t *ids, CUstream
 	kv->nblocks_live -= n;
 	cvm_acct_live(&kv->acct, -(int64_t)((size_t)n * kv->block_bytes * kv->tensors));
 	fence_put(kv, f);
-	if (kv->ctx->delay_ns != UINT64_MAX)
-		cvm_ctx_kick(kv->ctx, now + kv->ctx->delay_ns);
+	cvm_ctx_kick_freed(kv->ctx, now);
 out:
 	pthread_mutex_unlock(&kv->lock);
 	cvm_ctx_poll(kv->ctx);
@@ -573,13 +571,15 @@ static bool page_safe(struct cuvmm_kv *kv, struct cvm_kv_page *pg, bool *sync)
 }
 
 /*
- * The reclaim pass: map pages ahead of demand while allocation is active, and unmap pages that have been
- * empty for the idle delay (every empty page, with force).
+ * The reclaim pass: map pages ahead of demand while allocation is active, and unmap pages that the policy
+ * says are due (every empty page, with force), the release lead early: their chunks go to the device's
+ * cache idle since the page emptied, so they are back with the driver release_delay_ms after that.
  */
 static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 {
 	struct cuvmm_kv *kv = (struct cuvmm_kv *)c;
-	uint64_t delay = kv->ctx->delay_ns, next = UINT64_MAX;
+	const struct cvm_policy *pol = &kv->ctx->policy;
+	uint64_t next = UINT64_MAX, lead;
 	bool sync = false, synced = false, active;
 	uint32_t unmapped = 0;
 
@@ -598,8 +598,7 @@ static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 		kv->last_alloc_ns = 0;
 	}
 	/* Ahead of demand only while blocks are in use and allocation was recent. */
-	active = !force && kv->nblocks_live && kv->last_alloc_ns &&
-		 cvm_elapsed(now, kv->last_alloc_ns) < (delay == UINT64_MAX ? 0 : delay);
+	active = !force && kv->nblocks_live && kv->last_alloc_ns && cvm_policy_recent(pol, kv->last_alloc_ns, now);
 	while (active && kv->empty_pages + kv->mapping_ahead < kv->ahead) {
 		uint32_t p = unmapped_page(kv);
 		int err;
@@ -627,15 +626,19 @@ static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 		kv->empty_pages++;
 		bucket_insert(kv, p);
 	}
+	/* Each empty page is one chunk per tensor to unmap and release. */
+	lead = force ? 0 : cvm_dev_release_lead(kv->dev, (size_t)kv->empty_pages * kv->tensors);
 again:
 	for (uint32_t p = 0; p < kv->npages && kv->empty_pages; p++) {
 		struct cvm_kv_page *pg = &kv->pg[p];
 
 		if (!pg->mapped || pg->refs)
 			continue;
-		if (!force && (delay == UINT64_MAX || cvm_elapsed(now, pg->empty_ns) < delay)) {
-			if (delay != UINT64_MAX && pg->empty_ns + delay < next)
-				next = pg->empty_ns + delay;
+		if (!force && !cvm_policy_due(pol, pg->empty_ns, now, lead)) {
+			uint64_t t = cvm_policy_deadline(pol, pg->empty_ns, lead);
+
+			if (t < next)
+				next = t;
 			continue;
 		}
 		if (!page_safe(kv, pg, &sync)) {
@@ -758,7 +761,7 @@ int cuvmm_kv_compact(struct cuvmm_kv *kv, uint32_t max_moves, struct cuvmm_kv_mo
 
 		page_blocks(kv, order[i], &lo, &hi);
 		for (uint32_t b = lo; b < hi && !err; b++) {
-			uint32_t dst, to = NONE, nf = 0, fresh[2];
+			uint32_t dst, to = NONE, nf = 0, newp[2];
 
 			if (!busy(kv, b))
 				continue;
@@ -766,7 +769,7 @@ int cuvmm_kv_compact(struct cuvmm_kv *kv, uint32_t max_moves, struct cuvmm_kv_mo
 				bucket_remove(kv, dst); /* only straddling free blocks left there */
 				skipped[nskip++] = dst;
 			}
-			if (to == NONE || take_block(kv, to, fresh, &nf)) {
+			if (to == NONE || take_block(kv, to, newp, &nf)) {
 				err = CUVMM_ENOMEM; /* not reached when the room count holds */
 				break;
 			}

@@ -1,11 +1,14 @@
 /*
  * Physical memory of one device: chunk cache and byte accounting. See phys.h for the contract.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx.h"
+#include "drv.h"
 #include "log.h"
+#include "phys.h"
+#include "policy.h"
 
 static pthread_mutex_t *acct_lock(struct cvm_acct *a)
 {
@@ -133,51 +136,55 @@ static void cache_remove(struct cvm_phys *p, struct cvm_chunk *c)
 	p->ncached--;
 }
 
-int cvm_phys_init(struct cvm_phys *p, struct cvm_dev *dev)
+int cvm_phys_init(struct cvm_phys *p, const struct cvm_phys_params *par)
 {
-	size_t limit = dev->ctx->cfg.device_limit_bytes;
-
 	memset(p, 0, sizeof(*p));
 	if (pthread_mutex_init(&p->lock, NULL))
 		return CUVMM_ENOMEM;
-	if (pthread_mutex_init(&dev->acct.lock, NULL)) {
+	if (pthread_mutex_init(&par->acct->lock, NULL)) {
 		pthread_mutex_destroy(&p->lock);
 		return CUVMM_ENOMEM;
 	}
-	p->dev = dev;
-	p->limit = limit && limit < dev->info.total_bytes ? limit : dev->info.total_bytes;
-	if (!limit && !p->limit)
-		p->limit = SIZE_MAX;
+	p->drv = par->drv;
+	p->device = par->device;
+	p->granularity = par->granularity;
+	p->limit = par->limit;
+	p->cnt = par->cnt;
+	p->acct = par->acct;
+	p->policy = par->policy;
+	p->wake = par->wake;
+	p->wake_arg = par->wake_arg;
 	for (int i = 0; i < CVM_NCLASS; i++)
 		list_init(&p->cls[i]);
 	list_init(&p->age);
 	return CUVMM_OK;
 }
 
-/* Release a chunk to the driver; the caller has taken it out of the cache and holds no lock. */
-/* Release a chunk to the driver; the caller has taken it out of the cache and holds no lock. Returns
- * the bytes given back: 0 when the driver refused (the chunk is then cached again, still held). */
-static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c)
+/* Release a chunk to the driver; the caller holds no lock, and has taken it out of the cache (`taken`:
+ * counted in p->releasing) or has it from its holder. Returns the bytes given back: 0 when the driver
+ * refused (the chunk is then cached again, still held). */
+static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c, bool taken)
 {
-	struct cvm_dev *dev = p->dev;
 	size_t size = c->size;
-	int err = cvm_drv_release(CVM_DRV(dev), &dev->cnt, dev->index, c->h);
+	int err = cvm_drv_release(p->drv, p->cnt, p->device, c->h);
 
 	if (err) {
 		/* The driver kept it, so it is still held: back into the cache, to be retried by a later pass. */
 		cvm_err("releasing a %zu-byte chunk on device %d failed: %s (CUresult %d); will retry", c->size,
-			dev->index, cuvmm_strerror(err), cuvmm_last_driver_error());
+			p->device, cuvmm_strerror(err), cuvmm_last_driver_error());
 		atomic_fetch_add(&p->release_failures, 1);
 		pthread_mutex_lock(&p->lock);
 		cache_insert(p, c);
+		p->releasing -= taken;
 		pthread_mutex_unlock(&p->lock);
 		return 0;
 	}
 	/* The account first, the claim second: a creator that sees the room can count its chunk only after
 	 * this one left the statistics, so held never reads above the limit. */
-	cvm_acct_held(&dev->acct, -(int64_t)size);
+	cvm_acct_held(p->acct, -(int64_t)size);
 	pthread_mutex_lock(&p->lock);
 	p->held -= size;
+	p->releasing -= taken;
 	pthread_mutex_unlock(&p->lock);
 	free(c);
 	return size;
@@ -196,6 +203,7 @@ static struct cvm_chunk *take_oldest(struct cvm_phys *p, size_t bytes, int skip_
 		if (c->cls != skip_cls) {
 			got += c->size;
 			cache_remove(p, c);
+			p->releasing++;
 			c->anext = chain;
 			chain = c;
 		}
@@ -211,7 +219,7 @@ static size_t release_chain(struct cvm_phys *p, struct cvm_chunk *chain)
 	while (chain) {
 		struct cvm_chunk *next = chain->anext;
 
-		freed += chunk_release(p, chain);
+		freed += chunk_release(p, chain, true);
 		chain = next;
 	}
 	return freed;
@@ -219,8 +227,7 @@ static size_t release_chain(struct cvm_phys *p, struct cvm_chunk *chain)
 
 int cvm_phys_get(struct cvm_phys *p, unsigned cls, struct cvm_drv_counters *cnt, struct cvm_chunk **out)
 {
-	struct cvm_dev *dev = p->dev;
-	size_t size = dev->info.granularity << cls;
+	size_t size = p->granularity << cls;
 	struct cvm_chunk *c, *evict = NULL;
 	int err;
 
@@ -233,7 +240,7 @@ again:
 		cache_remove(p, c);
 		pthread_mutex_unlock(&p->lock);
 		c->freed_ns = 0;
-		c->fresh = false;
+		c->created = false;
 		*out = c;
 		return CUVMM_OK;
 	}
@@ -269,8 +276,8 @@ again:
 	}
 	c->size = size;
 	c->cls = (uint8_t)cls;
-	c->fresh = true;
-	err = cvm_drv_create(CVM_DRV(dev), cnt ? cnt : &dev->cnt, dev->index, size, &c->h);
+	c->created = true;
+	err = cvm_drv_create(p->drv, cnt ? cnt : p->cnt, p->device, size, &c->h);
 	if (err == CUVMM_ENOMEM) {
 		/* The device is full even though we are under our limit: give back the whole cache and retry. */
 		pthread_mutex_lock(&p->lock);
@@ -278,12 +285,12 @@ again:
 		pthread_mutex_unlock(&p->lock);
 		if (evict) {
 			release_chain(p, evict);
-			err = cvm_drv_create(CVM_DRV(dev), cnt ? cnt : &dev->cnt, dev->index, size, &c->h);
+			err = cvm_drv_create(p->drv, cnt ? cnt : p->cnt, p->device, size, &c->h);
 		}
 	}
 	if (err)
 		goto fail;
-	cvm_acct_held(&dev->acct, (int64_t)size);
+	cvm_acct_held(p->acct, (int64_t)size);
 	*out = c;
 	return CUVMM_OK;
 fail:
@@ -296,61 +303,69 @@ fail:
 
 void cvm_phys_release(struct cvm_phys *p, struct cvm_chunk *c)
 {
-	(void)chunk_release(p, c);
+	(void)chunk_release(p, c, false);
 }
 
 void cvm_phys_undo(struct cvm_phys *p, struct cvm_chunk *c)
 {
-	if (c->fresh)
-		chunk_release(p, c);
+	if (c->created)
+		chunk_release(p, c, false);
 	else
 		cvm_phys_put(p, c);
 }
 
 void cvm_phys_put(struct cvm_phys *p, struct cvm_chunk *c)
 {
-	struct cuvmm_ctx *ctx = p->dev->ctx;
-	uint64_t now = cvm_now_ns();
+	const struct cvm_policy *pol = p->policy;
+	uint64_t now = cvm_now_ns(), since;
 
-	/* A chunk that was already free before it was unmapped (a pool's slack) keeps its idle time. */
+	/* A chunk that was idle before it was unmapped (a pool's slack, a kv page) keeps its idle time. */
 	if (!c->freed_ns || c->freed_ns > now)
 		c->freed_ns = now;
+	since = c->freed_ns; /* once cached, the chunk is the cache's: another thread may take it */
 	pthread_mutex_lock(&p->lock);
 	cache_insert(p, c);
 	pthread_mutex_unlock(&p->lock);
-	if (ctx->delay_ns == 0)
-		cvm_phys_reclaim(p, now, true, ctx->cfg.retain_bytes);
-	else
-		cvm_ctx_kick_freed(ctx, now);
+	if (cvm_policy_at_once(pol))
+		cvm_phys_reclaim(p, now, true, pol->retain_bytes);
+	else if (!cvm_policy_never(pol))
+		p->wake(p->wake_arg, cvm_policy_deadline(pol, since, cvm_policy_max_lead(pol)));
 }
 
 uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t keep_bytes)
 {
-	struct cuvmm_ctx *ctx = p->dev->ctx;
+	const struct cvm_policy *pol = p->policy;
 	struct cvm_chunk *chain = NULL, *c;
 	uint64_t next = UINT64_MAX, lead;
 	size_t gone = 0, left;
 	unsigned n = 0;
 
 	if (force) {
+		/* Everything beyond keep_bytes means what another thread is releasing too: wait for it (a trim
+		 * must not return while that still counts as held, and a chunk the driver refused it comes back
+		 * to the cache for this pass). Those releases take no lock the caller may hold. */
 		pthread_mutex_lock(&p->lock);
+		while (p->releasing) {
+			pthread_mutex_unlock(&p->lock);
+			sched_yield();
+			pthread_mutex_lock(&p->lock);
+		}
 	} else {
+		if (cvm_policy_never(pol))
+			return UINT64_MAX;
 		if (pthread_mutex_trylock(&p->lock))
 			return now + CVM_FENCE_POLL_NS;
-		keep_bytes = ctx->cfg.retain_bytes;
-		if (ctx->delay_ns == UINT64_MAX) {
-			pthread_mutex_unlock(&p->lock);
-			return UINT64_MAX;
-		}
+		keep_bytes = pol->retain_bytes;
 	}
 	/* Oldest first; the most recently freed keep_bytes stay. Released early enough to be done on time. */
-	lead = force ? 0 : cvm_dev_release_lead(p->dev, p->ncached);
+	lead = force ? 0 : cvm_policy_lead(pol, p->cnt, p->ncached);
 	while ((c = p->age.anext) != &p->age && p->cached - c->size >= keep_bytes) {
-		if (!force && cvm_elapsed(now, c->freed_ns) + lead < ctx->delay_ns) {
-			next = c->freed_ns + ctx->delay_ns - lead;
+		if (!force && !cvm_policy_due(pol, c->freed_ns, now, lead)) {
+			next = cvm_policy_deadline(pol, c->freed_ns, lead);
 			break;
 		}
 		cache_remove(p, c);
+		p->releasing++;
 		c->anext = chain;
 		chain = c;
 		gone += c->size;
@@ -362,9 +377,9 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 	/* The release decision, for "why is my memory still held": what went back, why, and what stays. */
 	if (n)
 		cvm_info("device %d: gave %.1f MiB (%u chunks) back to the driver: %s; %.1f MiB stay cached (keep %.1f MiB)",
-			 p->dev->index, gone / 1048576.0, n,
+			 p->device, gone / 1048576.0, n,
 			 !force ? "free for release_delay_ms" :
-			 ctx->delay_ns == 0 ? "release_delay_ms is 0" : "trim, sleep or destroy",
+			 cvm_policy_at_once(pol) ? "release_delay_ms is 0" : "trim, sleep or destroy",
 			 left / 1048576.0, keep_bytes / 1048576.0);
 	return next;
 }
@@ -383,8 +398,8 @@ void cvm_phys_fini(struct cvm_phys *p)
 {
 	cvm_phys_reclaim(p, cvm_now_ns(), true, 0);
 	if (p->held)
-		cvm_warn("device %d: %zu bytes of chunks still in use at context destruction", p->dev->index,
+		cvm_warn("device %d: %zu bytes of chunks still in use at context destruction", p->device,
 			 p->held);
 	pthread_mutex_destroy(&p->lock);
-	pthread_mutex_destroy(&p->dev->acct.lock);
+	pthread_mutex_destroy(&p->acct->lock);
 }

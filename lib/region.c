@@ -289,6 +289,8 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 			break;
 		case CVM_SLOT_PENDING:
 		case CVM_SLOT_DONE:
+			/* In use again: an idle time its last holder gave it (policy.h) no longer holds. */
+			r->slot[g].chunk->freed_ns = 0;
 			r->slot[g].state = CVM_SLOT_MAPPED;
 			r->npending--;
 			back++;

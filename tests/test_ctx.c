@@ -460,7 +460,9 @@ START_TEST(test_release_delay_background)
 	/* No further call: the background thread gives it back. */
 	held = tc_wait_held_le(ctx, 0, 5000);
 	ck_assert_msg(held == 0, "held %llu bytes 5 s after a %d ms release delay", (unsigned long long)held, delay);
-	ck_assert_uint_ge(tc_now_ms() - t0, (uint64_t)delay);
+	/* Not before the delay less the release lead (at most a quarter of it: policy.h); the lead grows with
+	 * the driver's cost per call, which a loaded machine raises (298 ms was seen here). */
+	ck_assert_uint_ge(tc_now_ms() - t0, (uint64_t)delay * 3 / 4);
 	tc_assert_os_matches(ctx);
 	cuvmm_region_destroy(r);
 	cuvmm_ctx_destroy(ctx);

@@ -1,7 +1,7 @@
 /*
  * The physical memory layer (lib/phys.c), through its internal header: the chunk cache (reuse, size classes,
  * most recently freed first), the limit and the trade rule, timed release with retain_bytes, trim's
- * keep_bytes, and driver failures.
+ * keep_bytes, a cvm_phys made from its parameters alone (limit, policy, wake-up), and driver failures.
  */
 #include <stdio.h>
 #include <string.h>
@@ -258,15 +258,17 @@ START_TEST(test_reclaim_delay_and_retain)
 	ck_assert_uint_le(next, now + delay_ns);
 	/* Due early enough for the releases to be done by then (4 chunks at the measured cost per call). */
 	{
-		uint64_t lead = cvm_dev_release_lead(fx.p->dev, 4);
+		uint64_t lead = cvm_policy_lead(fx.p->policy, fx.p->cnt, 4);
 
 		ck_assert_uint_gt(lead, 0);
 		ck_assert_uint_le(lead, delay_ns / 4);
 		ck_assert_uint_eq(next, c[0]->freed_ns + delay_ns - lead);
+		/* The device's lead is the policy's at the device's cost per call. */
+		ck_assert_uint_eq(cvm_dev_release_lead(fx.dev, 4), lead);
 		/* Proportional to the chunks, up to a quarter of the delay. */
-		ck_assert_uint_eq(cvm_dev_release_lead(fx.p->dev, 0), 0);
-		ck_assert_uint_ge(cvm_dev_release_lead(fx.p->dev, 8), lead);
-		ck_assert_uint_eq(cvm_dev_release_lead(fx.p->dev, SIZE_MAX / 2), delay_ns / 4);
+		ck_assert_uint_eq(cvm_dev_release_lead(fx.dev, 0), 0);
+		ck_assert_uint_ge(cvm_dev_release_lead(fx.dev, 8), lead);
+		ck_assert_uint_eq(cvm_dev_release_lead(fx.dev, SIZE_MAX / 2), delay_ns / 4);
 	}
 
 	/* Due: released beyond retain_bytes (keep_bytes is ignored without force), oldest first. */
@@ -392,6 +394,93 @@ START_TEST(test_fault_release)
 }
 END_TEST
 
+/* ----- physical memory on its own: what it is given at init, and nothing of the context ----- */
+
+struct wakes {
+	int n;
+	uint64_t last;
+};
+
+static void record_wake(void *arg, uint64_t deadline)
+{
+	struct wakes *w = arg;
+
+	w->n++;
+	w->last = deadline;
+}
+
+/*
+ * A cvm_phys made from parameters alone (the context's driver and device 0, but its own counters, account,
+ * limit, policy and wake-up): it obeys them. A chunk put with an idle time keeps it, the wake-up hears its
+ * deadline, the pass releases it when the policy says (beyond the policy's retain_bytes), and the limit is
+ * the one given.
+ */
+START_TEST(test_params_only)
+{
+	const uint64_t delay_ns = 1000000000ull, max_lead = delay_ns / 4;
+	struct fixture fx = setup_fx(-1, 0, 0); /* the context's own policy would never release */
+	struct cvm_drv_counters cnt;
+	struct cvm_acct acct;
+	struct cvm_policy pol;
+	struct wakes w = {0, 0};
+	struct cvm_phys p;
+	struct cvm_chunk *a, *b, *c = NULL;
+	uint64_t now, t, next;
+	struct cvm_phys_params par = {
+		.drv = &fx.ctx->drv,
+		.device = 0,
+		.granularity = G,
+		.limit = 2 * G,
+		.cnt = &cnt,
+		.acct = &acct,
+		.policy = &pol,
+		.wake = record_wake,
+		.wake_arg = &w,
+	};
+
+	memset(&cnt, 0, sizeof(cnt));
+	memset(&acct, 0, sizeof(acct));
+	cvm_policy_init(&pol, 1000, G);
+	ck_assert_int_eq(cvm_phys_init(&p, &par), CUVMM_OK);
+	ck_assert_int_eq(cvm_phys_get(&p, 0, NULL, &a), CUVMM_OK);
+	ck_assert_int_eq(cvm_phys_get(&p, 0, NULL, &b), CUVMM_OK);
+	ck_assert(a->created && b->created);
+	ck_assert_uint_eq(atomic_load(&acct.held), 2 * G);
+	ck_assert_uint_eq(atomic_load(&cnt.create_calls), 2);
+	ck_assert_uint_eq(tc_ctx_stats(fx.ctx).held_bytes, 0); /* not the device's account */
+	/* The limit given: a third chunk does not fit, and nothing is cached to make room. */
+	ck_assert_int_eq(cvm_phys_get(&p, 0, NULL, &c), CUVMM_ENOMEM);
+	ck_assert_ptr_null(c);
+
+	/* Idle for 600 ms already: it keeps that, and the wake-up hears when it comes due. */
+	now = cvm_now_ns();
+	t = now - 600000000ull;
+	a->freed_ns = t;
+	cvm_phys_put(&p, a);
+	ck_assert_int_eq(w.n, 1);
+	ck_assert_uint_eq(a->freed_ns, t);
+	ck_assert_uint_eq(w.last, t + delay_ns - max_lead);
+	cvm_phys_put(&p, b); /* idle from now */
+	ck_assert_int_eq(w.n, 2);
+	ck_assert_uint_ge(b->freed_ns, now);
+	ck_assert_uint_eq(w.last, b->freed_ns + delay_ns - max_lead);
+
+	/* Neither due yet; then a is, b is not: a goes, and b would stay for retain_bytes anyway. */
+	next = cvm_phys_reclaim(&p, now, false, 0);
+	ck_assert_uint_eq(atomic_load(&acct.held), 2 * G);
+	ck_assert_uint_eq(next, t + delay_ns - cvm_policy_lead(&pol, &cnt, 2));
+	next = cvm_phys_reclaim(&p, t + delay_ns, false, 0);
+	ck_assert_uint_eq(atomic_load(&acct.held), G);
+	ck_assert_uint_eq(atomic_load(&cnt.release_calls), 1);
+	ck_assert_uint_eq(cvm_phys_cached(&p), G);
+	ck_assert_uint_eq(next, UINT64_MAX); /* what is left is retain_bytes */
+	cvm_phys_fini(&p);
+	ck_assert_uint_eq(atomic_load(&acct.held), 0);
+	ck_assert_uint_eq(atomic_load(&cnt.release_calls), 2);
+	teardown_fx(&fx);
+}
+END_TEST
+
 static Suite *phys_suite(void)
 {
 	Suite *s = suite_create("phys");
@@ -406,6 +495,7 @@ static Suite *phys_suite(void)
 	tcase_add_test(tc, test_limit_eviction);
 	tcase_add_test(tc, test_reclaim_delay_and_retain);
 	tcase_add_test(tc, test_reclaim_never_and_zero);
+	tcase_add_test(tc, test_params_only);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("fault");
