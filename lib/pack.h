@@ -32,6 +32,7 @@ struct cvm_pack_alloc {
 	size_t bytes;                       /* as requested (what the pool counts live) */
 	struct cvm_pack_alloc *prev, *next; /* address order */
 	bool pending;                       /* freed on a stream, its fence not complete: still occupies */
+	uint64_t freed_ns;                  /* the pool's: when it was freed on a stream (pending) */
 };
 
 struct cvm_pack {

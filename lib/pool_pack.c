@@ -25,9 +25,9 @@ static bool pack_avail(void *arg, size_t g, size_t n)
 	return run->kind == CVM_RUN_FREE && !run->ev && cvm_cut_len(p, run, n) == n;
 }
 
-/* Give the wholly empty PACK runs of granules [g0, g0 + n) back as one FREE run, fenced by the device epoch,
- * or settled (`settled`: a stream free whose event has completed). */
-static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settled)
+/* Give the wholly empty PACK runs of granules [g0, g0 + n) back as one FREE run, freed at `freed_ns`, fenced
+ * by the device epoch, or settled (`settled`: a stream free whose event has completed). */
+static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settled, uint64_t freed_ns)
 {
 	struct cvm_run *run = NULL, *next;
 	size_t g = g0;
@@ -60,7 +60,7 @@ static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settl
 	/* As cvm_run_release, but a stream free whose event has completed needs no device synchronisation. */
 	cvm_fp_add(p, run->len, false);
 	run->kind = CVM_RUN_FREE;
-	run->freed_ns = cvm_now_ns();
+	run->freed_ns = freed_ns;
 	run->stream = NULL;
 	run->ev = NULL;
 	run->epoch = settled ? 0 : atomic_load(&p->r.dev->epoch);
@@ -84,7 +84,7 @@ static int pack_own(struct cuvmm_pool *p, struct cvm_run *run)
 			return CUVMM_OK;
 		if (!cvm_split_front(p, run, span)) {
 			/* The chunks split off so far are empty PACK runs too: all of it goes back. */
-			pack_give_back(p, g0, n, false);
+			pack_give_back(p, g0, n, false, cvm_now_ns());
 			return CUVMM_ENOMEM;
 		}
 	}
@@ -125,15 +125,17 @@ static int pack_take(struct cuvmm_pool *p, size_t g, size_t n)
 	return pack_own(p, piece);
 }
 
-/* Take a packed allocation out of the packer and give back the granules it emptied. */
+/* Take a packed allocation out of the packer and give back the granules it emptied: idle since the free (a
+ * stream free's settles later: the release delay counts from the free, as for a run). */
 static void pack_release(struct cuvmm_pool *p, struct cvm_pack_alloc *x, bool settled)
 {
+	uint64_t freed_ns = x->pending ? x->freed_ns : cvm_now_ns();
 	size_t g0, n;
 
 	cvm_pack_remove(&p->pack, x, &g0, &n);
 	free(x);
 	if (n)
-		pack_give_back(p, g0, n, settled);
+		pack_give_back(p, g0, n, settled, freed_ns);
 }
 
 /* ----- entry points of the pool's files ----- */
@@ -212,6 +214,7 @@ void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, CUstream
 	/* Its bytes share granules with other allocations: they stay taken until the event completes
 	 * (cvm_slab_drain), except for a later allocation of the same length on the same stream. */
 	x->pending = true;
+	x->freed_ns = cvm_now_ns();
 	if (cvm_dq_add(p, (uintptr_t)(p->r.base + x->off), x, stream, ev))
 		return;
 	/* No memory to remember the fence: wait for it instead. */
