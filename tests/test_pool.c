@@ -1671,7 +1671,7 @@ END_TEST
  * live stays small. Once as a tight loop (the allocating thread keeps the pool busy, the background thread
  * rarely gets in), once paced (2 ms between steps, as if kernels were launched in between).
  */
-static void slack_run(bool paced, double *pool_ratio, double *dev_ratio, uint64_t *held_after_trim)
+static void slack_run(bool paced, int64_t delay_ms, double *pool_ratio, double *dev_ratio, uint64_t *held_after_trim)
 {
 	struct cuvmm_config cfg;
 	struct cuvmm_ctx *ctx;
@@ -1684,7 +1684,7 @@ static void slack_run(bool paced, double *pool_ratio, double *dev_ratio, uint64_
 	/* A cap well above what a working pool needs (peak live is about 430 MiB), so that a pool whose slack
 	 * piles up fails this test without taking the machine's memory. */
 	tc_config(&cfg);
-	cfg.release_delay_ms = 10000;
+	cfg.release_delay_ms = delay_ms;
 	cfg.background_release = true;
 	cfg.retain_bytes = 0;
 	cfg.device_limit_bytes = 1536 * TC_MiB;
@@ -1706,8 +1706,8 @@ static void slack_run(bool paced, double *pool_ratio, double *dev_ratio, uint64_
 	cs = tc_ctx_stats(ctx);
 	*pool_ratio = (double)ps.peak_held_bytes / (double)ps.peak_live_bytes;
 	*dev_ratio = (double)cs.peak_held_bytes / (double)cs.peak_live_bytes;
-	printf("slack bound, %s: peak live %llu MiB; peak held %llu MiB in the pool (%.3f), %llu MiB on the device "
-	       "(%.3f); %llu creates, %llu unmaps, %llu ms\n", paced ? "paced" : "tight loop",
+	printf("slack bound, %s, delay %lld ms: peak live %llu MiB; peak held %llu MiB in the pool (%.3f), %llu MiB on the device "
+	       "(%.3f); %llu creates, %llu unmaps, %llu ms\n", paced ? "paced" : "tight loop", (long long)delay_ms,
 	       U(ps.peak_live_bytes >> 20), U(ps.peak_held_bytes >> 20), *pool_ratio, U(cs.peak_held_bytes >> 20),
 	       *dev_ratio, U(cs.create_calls), U(cs.unmap_calls), U(tc_now_ms() - t0));
 	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
@@ -1730,8 +1730,8 @@ START_TEST(test_slack_bound)
 	double tp, td, pp, pd, bound;
 	uint64_t th, ph;
 
-	slack_run(false, &tp, &td, &th);
-	slack_run(true, &pp, &pd, &ph);
+	slack_run(false, 10000, &tp, &td, &th);
+	slack_run(true, 10000, &pp, &pd, &ph);
 	/* peak live 8.5 + 100 and 8.5 + 99 granules: (216 + 2) * 1.25 + 16 + 8 granules */
 	bound = (218.0 * 1.25 + 24.0) / 216.0;
 	ck_assert_msg(pp <= bound && pd <= bound, "paced: peak held / peak live = %.3f (pool), %.3f (device), bound %.3f",
@@ -1740,6 +1740,28 @@ START_TEST(test_slack_bound)
 		      "bound %.3f", tp, td, bound);
 	ck_assert_msg(th == 0 && ph == 0, "after trim(pool, 0) with nothing live, still held: %llu (tight), %llu "
 		      "(paced) bytes", U(th), U(ph));
+}
+END_TEST
+
+/*
+ * The same bound with a release delay shorter than the run (10 ms; paced at 2 ms a step, and a tight loop), so that runs
+ * fall due while the pool is busy: they are unmapped in the same batches as slack over the cap (at most 16
+ * granules detached per pass while allocations map), never in one go next to fresh mappings, so a shorter
+ * delay holds no more than a long one.
+ */
+START_TEST(test_slack_bound_short_delay)
+{
+	double pp, pd, tp, td, bound = (218.0 * 1.25 + 24.0) / 216.0;
+	uint64_t ph, th;
+
+	slack_run(true, 10, &pp, &pd, &ph);
+	slack_run(false, 10, &tp, &td, &th);
+	ck_assert_msg(pp <= bound && pd <= bound, "paced, 10 ms: peak held / peak live = %.3f (pool), %.3f (device), "
+		      "bound %.3f", pp, pd, bound);
+	ck_assert_msg(tp <= bound && td <= bound, "tight loop, 10 ms: peak held / peak live = %.3f (pool), %.3f "
+		      "(device), bound %.3f", tp, td, bound);
+	ck_assert_msg(ph == 0 && th == 0, "after trim(pool, 0) with nothing live, still held: %llu, %llu bytes",
+		      U(ph), U(th));
 }
 END_TEST
 
@@ -2616,6 +2638,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_idle_bound);
 	tcase_add_test(tc, test_idle_bound_cut_extension);
 	tcase_add_test(tc, test_slack_bound);
+	tcase_add_test(tc, test_slack_bound_short_delay);
 
 	tc = new_tcase(s, "streams");
 	tcase_add_test(tc, test_stream_reuse_large);
