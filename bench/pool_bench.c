@@ -106,9 +106,7 @@ int main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'b':
-			if (strcmp(optarg, "cuda") && strcmp(optarg, "host"))
-				cli_fail("--backend=%s: must be cuda or host", optarg);
-			cfg.backend = strcmp(optarg, "host") == 0 ? CUVMM_BACKEND_HOST : CUVMM_BACKEND_CUDA;
+			cfg.backend = cli_choice("backend", optarg, CLI_BACKENDS) ? CUVMM_BACKEND_HOST : CUVMM_BACKEND_CUDA;
 			break;
 		case 'p':
 			pairs = (long)cli_int("pairs", optarg, 1, 1000000000);

@@ -304,9 +304,7 @@ int main(int argc, char **argv)
 			reps = (int)cli_int("reps", optarg, 1, 100000);
 			break;
 		case 'b':
-			if (strcmp(optarg, "cuda") && strcmp(optarg, "host"))
-				cli_fail("--backend=%s: must be cuda or host", optarg);
-			want_backend = optarg;
+			want_backend = CLI_BACKENDS[cli_choice("backend", optarg, CLI_BACKENDS)];
 			break;
 		case 'c':
 			csv_path = optarg;

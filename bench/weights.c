@@ -259,9 +259,7 @@ int main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'b':
-			if (strcmp(optarg, "cuda") && strcmp(optarg, "host"))
-				cli_fail("--backend=%s: must be cuda or host", optarg);
-			be = strcmp(optarg, "host") == 0 ? CUVMM_BACKEND_HOST : CUVMM_BACKEND_CUDA;
+			be = cli_choice("backend", optarg, CLI_BACKENDS) ? CUVMM_BACKEND_HOST : CUVMM_BACKEND_CUDA;
 			break;
 		case 'a':
 			alist = optarg;

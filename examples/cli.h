@@ -106,6 +106,24 @@ static CLI_UNUSED_ double cli_double(const char *name, const char *s, double min
 	return v;
 }
 
+/* The index of s in the NULL-terminated list `choices` (at least one); anything else is a usage error that
+ * names them. CLI_BACKENDS: the --backend option of every program, index 1 being the host backend. */
+#define CLI_BACKENDS ((const char *const[]){"cuda", "host", NULL})
+static CLI_UNUSED_ int cli_choice(const char *name, const char *s, const char *const *choices)
+{
+	char list[256] = "";
+	size_t n = 0;
+	int i;
+
+	for (i = 0; choices[i]; i++)
+		if (strcmp(s, choices[i]) == 0)
+			return i;
+	for (int j = 0; j < i && n < sizeof(list); j++)
+		n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", j == 0 ? "" : j == i - 1 ? " or " : ", ",
+				      choices[j]);
+	cli_fail("--%s=%s: must be %s", name, s, list);
+}
+
 /* A size in bytes: digits with an optional K, M, G or T suffix (binary; KiB and KB also read), in
  * [min, max]. */
 static CLI_UNUSED_ uint64_t cli_size(const char *name, const char *s, uint64_t min, uint64_t max)

@@ -514,7 +514,9 @@ CUVMM_API int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_c
 CUVMM_API void cuvmm_pool_destroy(struct cuvmm_pool *pool);
 
 /**
- * Allocate device memory, aligned to at least 256 bytes (allocations above 512 KiB: to the granularity).
+ * Allocate device memory, aligned to at least 256 bytes (above 512 KiB: 512 bytes; above 32 granules, 64 MiB
+ * on the H200: to the granularity). Allocations above 512 KiB and up to 32 granules are packed: they share
+ * granules with their neighbours, and a granule is given back once no live byte is on it.
  * Free memory of the pool is reused first (no driver call); new memory is mapped only when none fits.
  * Memory freed with cuvmm_free_async() is reused here only once its freeing work has completed.
  * @param[in] pool the pool
@@ -541,6 +543,8 @@ CUVMM_API int cuvmm_free(struct cuvmm_pool *pool, void *ptr);
 /**
  * Allocate in stream order, as cudaMallocAsync: memory freed on @p stream is reusable at once, memory
  * freed on other streams once the freeing work has completed (checked with events, never by waiting).
+ * Packed allocations (cuvmm_malloc()) freed on @p stream are taken at once by allocations of the same size
+ * rounded up to 512 bytes; by other sizes once the freeing work has completed.
  * @param[in] pool the pool
  * @param[in] bytes size; 0 is invalid
  * @param[in] stream the stream the memory will be used on

@@ -65,7 +65,8 @@ void cvm_drv_set_last(int cu)
 	last_cu = cu;
 }
 
-int cvm_drv_err(int cu)
+/* Translate a CUresult to a CUVMM code, recording it as this thread's last driver error if non-zero. */
+static int cu_to_err(int cu)
 {
 	if (cu == 0)
 		return CUVMM_OK;
@@ -137,12 +138,12 @@ void cvm_drv_close(struct cvm_drv *d)
 
 int cvm_drv_device_count(struct cvm_drv *d, int *count)
 {
-	return cvm_drv_err(d->be->device_count(d->state, count));
+	return cu_to_err(d->be->device_count(d->state, count));
 }
 
 int cvm_drv_device_open(struct cvm_drv *d, int dev, struct cvm_devinfo *info)
 {
-	return cvm_drv_err(d->be->device_open(d->state, dev, info));
+	return cu_to_err(d->be->device_open(d->state, dev, info));
 }
 
 void cvm_drv_device_close(struct cvm_drv *d, int dev)
@@ -150,93 +151,130 @@ void cvm_drv_device_close(struct cvm_drv *d, int dev)
 	d->be->device_close(d->state, dev);
 }
 
-/* Counted, timed call: feeds the object's counters and their parent's (the device's); a failing or slow
- * call is logged at debug level. */
-#define TIMED(call, cnt, field, expr)                                                                        \
-	({                                                                                                   \
-		uint64_t t0_ = cvm_now_ns();                                                                 \
-		int cu_ = (expr);                                                                            \
-		uint64_t dt_ = cvm_now_ns() - t0_;                                                           \
-		noted((call), cu_, t0_);                                                                     \
-		for (struct cvm_drv_counters *c_ = (cnt); c_; c_ = c_->parent) {                             \
-			atomic_fetch_add_explicit(&c_->driver_ns, dt_, memory_order_relaxed);                \
-			if (field)                                                                           \
-				atomic_fetch_add_explicit(field, 1, memory_order_relaxed);                   \
-		}                                                                                            \
-		cu_;                                                                                         \
-	})
+/*
+ * Every wrapper below has one shape: call_begin() decides whether the call is made to fail (the backend is then
+ * not called at all) and notes its start; the backend's CUresult then goes through counted() or logged().
+ */
+static inline int call_begin(struct cvm_drv *d, enum cuvmm_call call, bool timed, uint64_t *t0)
+{
+	int inj = injected(d, call);
 
-/* `field` in TIMED is evaluated with c_ in scope, naming which counter of each level to bump. */
-#define CALL(d, cnt, call, field, expr)                                                                      \
-	({                                                                                                   \
-		int inj_ = injected((d), (call));                                                            \
-		inj_ ? cvm_drv_err(inj_) : cvm_drv_err(TIMED((call), cnt, field, expr));                    \
-	})
+	if (inj)
+		return cu_to_err(inj);
+	/* Counted calls are always timed (their time feeds driver_ns); others only for the debug log. */
+	*t0 = timed ? cvm_now_ns() : call_start();
+	return CUVMM_OK;
+}
+
+/* The counter of each level that a call of kind `call` bumps; NULL for a call only timed (set_access). */
+static inline _Atomic uint64_t *call_counter(struct cvm_drv_counters *c, enum cuvmm_call call)
+{
+	switch (call) {
+	case CUVMM_CALL_CREATE:
+		return &c->create_calls;
+	case CUVMM_CALL_RELEASE:
+		return &c->release_calls;
+	case CUVMM_CALL_MAP:
+		return &c->map_calls;
+	case CUVMM_CALL_UNMAP:
+		return &c->unmap_calls;
+	default:
+		return NULL;
+	}
+}
+
+/* The end of a counted call, started at t0 (cvm_now_ns()) and returning `cu`: feeds the object's counters
+ * and their parent's (the device's), logs a failing or slow call at debug level, translates `cu`. */
+static inline int counted(enum cuvmm_call call, struct cvm_drv_counters *cnt, int cu, uint64_t t0)
+{
+	uint64_t dt = cvm_now_ns() - t0;
+
+	noted(call, cu, t0);
+	for (struct cvm_drv_counters *c = cnt; c; c = c->parent) {
+		_Atomic uint64_t *n = call_counter(c, call);
+
+		atomic_fetch_add_explicit(&c->driver_ns, dt, memory_order_relaxed);
+		if (n)
+			atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
+	}
+	return cu_to_err(cu);
+}
+
+/* The end of a call that is not counted, started at t0 (call_start()): logged and translated. */
+static inline int logged(enum cuvmm_call call, int cu, uint64_t t0)
+{
+	return cu_to_err(noted(call, cu, t0));
+}
 
 int cvm_drv_reserve(struct cvm_drv *d, int dev, size_t size, uintptr_t *va)
 {
-	int inj = injected(d, CUVMM_CALL_RESERVE);
-	uint64_t t0 = call_start();
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_RESERVE, false, &t0);
 
-	return cvm_drv_err(inj ? inj : noted(CUVMM_CALL_RESERVE, d->be->reserve(d->state, dev, size, va), t0));
+	return err ? err : logged(CUVMM_CALL_RESERVE, d->be->reserve(d->state, dev, size, va), t0);
 }
 
 int cvm_drv_unreserve(struct cvm_drv *d, int dev, uintptr_t va, size_t size)
 {
-	int inj = injected(d, CUVMM_CALL_UNRESERVE);
-	uint64_t t0 = call_start();
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_UNRESERVE, false, &t0);
 
-	return cvm_drv_err(inj ? inj : noted(CUVMM_CALL_UNRESERVE, d->be->unreserve(d->state, dev, va, size), t0));
+	return err ? err : logged(CUVMM_CALL_UNRESERVE, d->be->unreserve(d->state, dev, va, size), t0);
 }
 
 int cvm_drv_create(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, size_t size, cvm_handle *h)
 {
-	return CALL(d, cnt, CUVMM_CALL_CREATE, &c_->create_calls, d->be->create(d->state, dev, size, h));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_CREATE, true, &t0);
+
+	return err ? err : counted(CUVMM_CALL_CREATE, cnt, d->be->create(d->state, dev, size, h), t0);
 }
 
 int cvm_drv_release(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, cvm_handle h)
 {
-	return CALL(d, cnt, CUVMM_CALL_RELEASE, &c_->release_calls, d->be->release(d->state, dev, h));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_RELEASE, true, &t0);
+
+	return err ? err : counted(CUVMM_CALL_RELEASE, cnt, d->be->release(d->state, dev, h), t0);
 }
 
 int cvm_drv_map(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size, cvm_handle h)
 {
-	return CALL(d, cnt, CUVMM_CALL_MAP, &c_->map_calls, d->be->map(d->state, dev, va, size, h));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_MAP, true, &t0);
+
+	return err ? err : counted(CUVMM_CALL_MAP, cnt, d->be->map(d->state, dev, va, size, h), t0);
 }
 
 int cvm_drv_unmap(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size)
 {
-	return CALL(d, cnt, CUVMM_CALL_UNMAP, &c_->unmap_calls, d->be->unmap(d->state, dev, va, size));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_UNMAP, true, &t0);
+
+	return err ? err : counted(CUVMM_CALL_UNMAP, cnt, d->be->unmap(d->state, dev, va, size), t0);
 }
 
 int cvm_drv_set_access(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size)
 {
-	return CALL(d, cnt, CUVMM_CALL_SET_ACCESS, (_Atomic uint64_t *)NULL,
-		    d->be->set_access(d->state, dev, va, size, (uint64_t)1 << dev));
+	return cvm_drv_set_access_devs(d, cnt, dev, 0, va, size);
 }
 
 int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uint64_t devs, uintptr_t va,
 			    size_t size)
 {
-	return CALL(d, cnt, CUVMM_CALL_SET_ACCESS, (_Atomic uint64_t *)NULL,
-		    d->be->set_access(d->state, dev, va, size, devs | (uint64_t)1 << dev));
-}
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_SET_ACCESS, true, &t0);
 
-int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes)
-{
-	return cvm_drv_err(d->be->mem_info(d->state, dev, free_bytes, total_bytes));
+	devs |= (uint64_t)1 << dev;
+	return err ? err : counted(CUVMM_CALL_SET_ACCESS, cnt, d->be->set_access(d->state, dev, va, size, devs), t0);
 }
-
-#define PLAIN(d, call, expr)                                                                                 \
-	({                                                                                                   \
-		int inj_ = injected((d), (call));                                                            \
-		uint64_t t0_ = call_start();                                                                 \
-		cvm_drv_err(inj_ ? inj_ : noted((call), (expr), t0_));                                       \
-	})
 
 int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev)
 {
-	return PLAIN(d, CUVMM_CALL_EVENT_CREATE, d->be->event_create(d->state, dev, ev));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_EVENT_CREATE, false, &t0);
+
+	return err ? err : logged(CUVMM_CALL_EVENT_CREATE, d->be->event_create(d->state, dev, ev), t0);
 }
 
 void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev)
@@ -277,7 +315,10 @@ int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stre
 
 int cvm_drv_event_record_uncaptured(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream)
 {
-	return PLAIN(d, CUVMM_CALL_EVENT_RECORD, d->be->event_record(d->state, dev, ev, stream));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_EVENT_RECORD, false, &t0);
+
+	return err ? err : logged(CUVMM_CALL_EVENT_RECORD, d->be->event_record(d->state, dev, ev, stream), t0);
 }
 
 int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev)
@@ -289,66 +330,51 @@ int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev)
 		return 0;
 	if (cu && !inj)
 		noted(CUVMM_CALL_EVENT_QUERY, cu, 0);
-	return cu ? cvm_drv_err(cu) : 1;
+	return cu ? cu_to_err(cu) : 1;
 }
 
 int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev)
 {
-	return PLAIN(d, CUVMM_CALL_EVENT_SYNC, d->be->event_sync(d->state, dev, ev));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_EVENT_SYNC, false, &t0);
+
+	return err ? err : logged(CUVMM_CALL_EVENT_SYNC, d->be->event_sync(d->state, dev, ev), t0);
 }
 
 int cvm_drv_device_sync(struct cvm_drv *d, int dev)
 {
-	return PLAIN(d, CUVMM_CALL_DEVICE_SYNC, d->be->device_sync(d->state, dev));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_DEVICE_SYNC, false, &t0);
+
+	return err ? err : logged(CUVMM_CALL_DEVICE_SYNC, d->be->device_sync(d->state, dev), t0);
 }
 
 int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event ev)
 {
-	return PLAIN(d, CUVMM_CALL_STREAM_WAIT, d->be->stream_wait(d->state, dev, stream, ev));
-}
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_STREAM_WAIT, false, &t0);
 
-int cvm_drv_host_alloc(struct cvm_drv *d, size_t size, void **p)
-{
-	return PLAIN(d, CUVMM_CALL_HOST_ALLOC, d->be->host_alloc(d->state, size, p));
-}
-
-void cvm_drv_host_free(struct cvm_drv *d, void *p)
-{
-	int cu = d->be->host_free(d->state, p);
-
-	if (cu)
-		cvm_warn("freeing pinned host memory failed (CUresult %d)", cu);
+	return err ? err : logged(CUVMM_CALL_STREAM_WAIT, d->be->stream_wait(d->state, dev, stream, ev), t0);
 }
 
 int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
+	uint64_t t0 = 0;
 	int err = cvm_drv_refuse_captured(d, dev, stream);
 
-	if (err)
-		return err;
-	return PLAIN(d, CUVMM_CALL_COPY, d->be->copy_dtoh(d->state, dev, dst, src, size, stream));
+	if (!err)
+		err = call_begin(d, CUVMM_CALL_COPY, false, &t0);
+	return err ? err : logged(CUVMM_CALL_COPY, d->be->copy_dtoh(d->state, dev, dst, src, size, stream), t0);
 }
 
 int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
 {
+	uint64_t t0 = 0;
 	int err = cvm_drv_refuse_captured(d, dev, stream);
 
-	if (err)
-		return err;
-	return PLAIN(d, CUVMM_CALL_COPY, d->be->copy_htod(d->state, dev, dst, src, size, stream));
-}
-
-int cvm_drv_stream_create(struct cvm_drv *d, int dev, CUstream *stream)
-{
-	return cvm_drv_err(d->be->stream_create(d->state, dev, stream));
-}
-
-void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream)
-{
-	int cu = d->be->stream_destroy(d->state, dev, stream);
-
-	if (cu)
-		cvm_warn("destroying a stream failed (CUresult %d)", cu);
+	if (!err)
+		err = call_begin(d, CUVMM_CALL_COPY, false, &t0);
+	return err ? err : logged(CUVMM_CALL_COPY, d->be->copy_htod(d->state, dev, dst, src, size, stream), t0);
 }
 
 int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream)
@@ -357,7 +383,7 @@ int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream)
 
 	if (err)
 		return err;
-	return cvm_drv_err(d->be->stream_sync(d->state, dev, stream));
+	return cu_to_err(d->be->stream_sync(d->state, dev, stream));
 }
 
 int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id)
@@ -366,18 +392,25 @@ int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id
 		*id = 0;
 		return CUVMM_OK;
 	}
-	return PLAIN(d, CUVMM_CALL_CAPTURE_INFO, d->be->capture_id(d->state, dev, stream, id));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_CAPTURE_INFO, false, &t0);
+
+	return err ? err : logged(CUVMM_CALL_CAPTURE_INFO, d->be->capture_id(d->state, dev, stream, id), t0);
 }
 
 int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can)
 {
+	uint64_t t0 = 0;
 	int yes = 0, err;
 
 	if (dev == peer) {
 		*can = true;
 		return CUVMM_OK;
 	}
-	err = PLAIN(d, CUVMM_CALL_PEER_QUERY, d->be->can_access_peer(d->state, dev, peer, &yes));
+	err = call_begin(d, CUVMM_CALL_PEER_QUERY, false, &t0);
+	if (err)
+		return err;
+	err = logged(CUVMM_CALL_PEER_QUERY, d->be->can_access_peer(d->state, dev, peer, &yes), t0);
 	if (!err)
 		*can = yes != 0;
 	return err;
@@ -385,7 +418,10 @@ int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can)
 
 int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size)
 {
-	return PLAIN(d, CUVMM_CALL_HOST_REGISTER, d->be->host_register(d->state, p, size));
+	uint64_t t0 = 0;
+	int err = call_begin(d, CUVMM_CALL_HOST_REGISTER, false, &t0);
+
+	return err ? err : logged(CUVMM_CALL_HOST_REGISTER, d->be->host_register(d->state, p, size), t0);
 }
 
 void cvm_drv_host_unregister(struct cvm_drv *d, void *p)

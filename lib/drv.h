@@ -60,7 +60,6 @@ struct cvm_backend {
 	 * `devs` (bit i: device i; one CUmemAccessDesc each). `devs` includes `dev`; devices not in it keep
 	 * the access they had. */
 	int (*set_access)(void *state, int dev, uintptr_t va, size_t size, uint64_t devs);
-	int (*mem_info)(void *state, int dev, size_t *free_bytes, size_t *total_bytes);
 
 	/* Ordering with GPU work. query returns 0 (complete), CUDA_ERROR_NOT_READY (600), or an error. */
 	int (*event_create)(void *state, int dev, cvm_event *ev);
@@ -71,13 +70,10 @@ struct cvm_backend {
 	int (*device_sync)(void *state, int dev);
 	int (*stream_wait)(void *state, int dev, CUstream stream, cvm_event ev);
 
-	/* Copies for sleep/wake: pinned host memory and asynchronous copies on a stream of the caller's. */
-	int (*host_alloc)(void *state, size_t size, void **p);
-	int (*host_free)(void *state, void *p);
+	/* Copies for sleep/wake: asynchronous, on a stream of the caller's, to and from pinned host memory
+	 * (host_register, below). */
 	int (*copy_dtoh)(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
 	int (*copy_htod)(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
-	int (*stream_create)(void *state, int dev, CUstream *stream);
-	int (*stream_destroy)(void *state, int dev, CUstream stream);
 	int (*stream_sync)(void *state, int dev, CUstream stream);
 	/* Is `stream` being captured into a CUDA graph? *id: the capture's id (unique in the process, never 0)
 	 * while a capture is active or was invalidated and not yet ended, else 0. Legal during any capture. */
@@ -121,8 +117,6 @@ struct cvm_drv {
 int cvm_drv_open(struct cvm_drv *d, const struct cuvmm_config *cfg);
 void cvm_drv_close(struct cvm_drv *d);
 
-/* Translate a CUresult to a CUVMM code, recording it as this thread's last driver error if non-zero. */
-int cvm_drv_err(int cu);
 /* Record a CUresult as this thread's last driver error (for errors noticed outside the wrappers). */
 void cvm_drv_set_last(int cu);
 
@@ -142,7 +136,6 @@ int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int
 			    size_t size);
 /* *can: whether device `dev` can access memory on device `peer` (always for dev == peer, with no call). */
 int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can);
-int cvm_drv_mem_info(struct cvm_drv *d, int dev, size_t *free_bytes, size_t *total_bytes);
 int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev);
 void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream);
@@ -153,12 +146,8 @@ int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev);
 int cvm_drv_device_sync(struct cvm_drv *d, int dev);
 int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event ev);
-int cvm_drv_host_alloc(struct cvm_drv *d, size_t size, void **p);
-void cvm_drv_host_free(struct cvm_drv *d, void *p);
 int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
 int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
-int cvm_drv_stream_create(struct cvm_drv *d, int dev, CUstream *stream);
-void cvm_drv_stream_destroy(struct cvm_drv *d, int dev, CUstream stream);
 int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream);
 /* CUVMM_ENOTSUP if `stream` is being captured (work queued there would be captured into the graph instead of
  * running); event_record, the copies and stream_sync check it themselves. */
@@ -169,34 +158,8 @@ int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id
 int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size);
 void cvm_drv_host_unregister(struct cvm_drv *d, void *p);
 
-/* Host backend test hooks (tests only; no effect on the CUDA backend).
- * While the gate is closed, events recorded by the host backend stay incomplete, as if a kernel were still
- * running; opening it completes them. Lets tests see that unmaps wait for their fence. */
-void cvm_host_gate_close(void);
-void cvm_host_gate_open(void);
-/* Host backend stream capture, modelled on CUDA's rules so that tests see a capture the library would break:
- * while a capture is under way on a stream, a device synchronisation, a synchronisation of that stream, a
- * copy on it, or a query or wait of an event recorded on it invalidates the capture (and fails). begin
- * returns the capture's id; end returns whether the capture survived (false: it was invalidated). */
-uint64_t cvm_host_capture_begin(CUstream stream);
-bool cvm_host_capture_end(CUstream stream);
-/* Several devices (CUVMM_HOST_DEVICES). The gate of one device: events recorded for it stay incomplete while
- * it is closed, and its device synchronisations wait; the other devices run on. (cvm_host_gate_close/open
- * close and open every device's.) A capture begun with _dev is one on a stream of device `dev`: only a
- * synchronisation of that device invalidates it (cvm_host_capture_begin: of any device). */
-void cvm_host_gate_close_dev(int dev);
-void cvm_host_gate_open_dev(int dev);
-uint64_t cvm_host_capture_begin_dev(CUstream stream, int dev);
-/* Threads waiting in the host backend for device `dev`'s gate (event or device synchronisations). */
-unsigned cvm_host_gate_waiters(int dev);
-/* Peer access refused between two devices (process-wide, every host context): while set, device `dev`
- * cannot access memory of `peer` (can_access_peer says 0 and set_access refuses it). */
-void cvm_host_peer_deny(int dev, int peer, bool deny);
-/* The devices with access to the host mapping containing `p` (bit i: device i), in any host context;
- * 0 if none or not mapped. */
-uint64_t cvm_host_access(const void *p);
-/* Host backend: bytes of host memory registered (host_register) and not unregistered, in this process. */
-size_t cvm_host_registered_bytes(void);
+/* The host backend's test hooks (gates, stream capture, peers, registered bytes) are declared in drv_test.h,
+ * for tests only. */
 
 /* Monotonic time in nanoseconds. */
 uint64_t cvm_now_ns(void);

@@ -26,7 +26,7 @@
 #define CVM_CUDA_ABI 12000
 #define CVM_CUDA_MAX_DEVICES 64
 
-/* Entry point types, as of the 12.0 ABI (cuMemGetInfo is cuMemGetInfo_v2, and so on). */
+/* Entry point types, as of the 12.0 ABI (cuDeviceTotalMem is cuDeviceTotalMem_v2, and so on). */
 typedef CUresult (*pfn_cuGetProcAddress)(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
 					 CUdriverProcAddressQueryResult *symbolStatus);
 typedef CUresult (*pfn_cuInit)(unsigned int flags);
@@ -55,18 +55,13 @@ typedef CUresult (*pfn_cuMemMap)(CUdeviceptr ptr, size_t size, size_t offset, CU
 				 unsigned long long flags);
 typedef CUresult (*pfn_cuMemUnmap)(CUdeviceptr ptr, size_t size);
 typedef CUresult (*pfn_cuMemSetAccess)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
-typedef CUresult (*pfn_cuMemGetInfo)(size_t *free_bytes, size_t *total_bytes);
 typedef CUresult (*pfn_cuEventCreate)(CUevent *event, unsigned int flags);
 typedef CUresult (*pfn_cuEventDestroy)(CUevent event);
 typedef CUresult (*pfn_cuEventRecord)(CUevent event, CUstream stream);
 typedef CUresult (*pfn_cuEventQuery)(CUevent event);
 typedef CUresult (*pfn_cuEventSynchronize)(CUevent event);
 typedef CUresult (*pfn_cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
-typedef CUresult (*pfn_cuStreamCreate)(CUstream *stream, unsigned int flags);
-typedef CUresult (*pfn_cuStreamDestroy)(CUstream stream);
 typedef CUresult (*pfn_cuStreamSynchronize)(CUstream stream);
-typedef CUresult (*pfn_cuMemHostAlloc)(void **pp, size_t size, unsigned int flags);
-typedef CUresult (*pfn_cuMemFreeHost)(void *p);
 typedef CUresult (*pfn_cuMemHostRegister)(void *p, size_t size, unsigned int flags);
 typedef CUresult (*pfn_cuMemHostUnregister)(void *p);
 typedef CUresult (*pfn_cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t size, CUstream stream);
@@ -78,7 +73,7 @@ typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureS
 
 /*
  * The entry points the backend cannot work without. The names are given without their "cu" so that none
- * collides with the versioning macros of cuda.h (cuMemGetInfo -> cuMemGetInfo_v2, ...): the field is the
+ * collides with the versioning macros of cuda.h (cuDeviceTotalMem -> cuDeviceTotalMem_v2, ...): the field is the
  * bare name, the type pfn_cu<name>, the symbol asked for "cu<name>", the base name cuGetProcAddress wants.
  */
 #define CVM_CUDA_ENTRY_POINTS(X)                                                                             \
@@ -102,18 +97,13 @@ typedef CUresult (*pfn_cuStreamGetCaptureInfo)(CUstream stream, CUstreamCaptureS
 	X(MemMap)                                                                                            \
 	X(MemUnmap)                                                                                          \
 	X(MemSetAccess)                                                                                      \
-	X(MemGetInfo)                                                                                        \
 	X(EventCreate)                                                                                       \
 	X(EventDestroy)                                                                                      \
 	X(EventRecord)                                                                                       \
 	X(EventQuery)                                                                                        \
 	X(EventSynchronize)                                                                                  \
 	X(StreamWaitEvent)                                                                                   \
-	X(StreamCreate)                                                                                      \
-	X(StreamDestroy)                                                                                     \
 	X(StreamSynchronize)                                                                                 \
-	X(MemHostAlloc)                                                                                      \
-	X(MemFreeHost)                                                                                       \
 	X(MemcpyDtoHAsync)                                                                                   \
 	X(MemcpyHtoDAsync)                                                                                   \
 	X(ThreadExchangeStreamCaptureMode)                                                                   \
@@ -153,7 +143,7 @@ struct cuda_state {
 	struct cuda_fn fn;
 	int ndev;
 	/* Device 0's primary context, retained for pinned host memory independently of device_open/close
-	 * (pinned memory dies with the context it was allocated in). Set once, by whichever thread wins. */
+	 * (a registration dies with the context it was made in). Set once, by whichever thread wins. */
 	_Atomic(CUcontext) host_ctx;
 	struct cuda_dev dev[CVM_CUDA_MAX_DEVICES];
 };
@@ -194,10 +184,15 @@ static CUresult resolve(const struct cuda_state *s, const char *symbol, void *sl
 	return CUDA_SUCCESS;
 }
 
-/* What ctx_enter changed on the calling thread, for ctx_leave to restore. */
+/*
+ * One driver call's scope: what ctx_enter changed on the calling thread, for ctx_leave to restore. r is the
+ * enter's result; when it is not CUDA_SUCCESS, nothing was changed and the call is not made.
+ */
 struct cu_scope {
-	int pushed;               /* the context was pushed: pop it */
+	CUresult r;
+	bool pushed;              /* the context was pushed: pop it */
 	CUstreamCaptureMode mode; /* the thread's capture mode before the call */
+	const struct cuda_dev *d; /* the device, from dev_enter */
 };
 
 /*
@@ -208,66 +203,76 @@ struct cu_scope {
  * ctx_leave. If the current context cannot even be read (e.g. the application's was destroyed), pushing
  * anyway is still safe: the pop restores whatever was there.
  */
-static CUresult ctx_enter_mode(const struct cuda_state *s, CUcontext ctx, struct cu_scope *sc, bool relaxed)
+static struct cu_scope ctx_enter_mode(const struct cuda_state *s, CUcontext ctx, bool relaxed)
 {
+	struct cu_scope sc = { .r = CUDA_SUCCESS, .mode = CU_STREAM_CAPTURE_MODE_RELAXED };
 	CUcontext cur = NULL;
-	CUresult r;
 
-	sc->pushed = 0;
-	sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
 	/* Cannot fail for a valid mode; if it did, the call below runs in the thread's own mode. */
-	if (relaxed && s->fn.ThreadExchangeStreamCaptureMode(&sc->mode) != CUDA_SUCCESS)
-		sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	if (relaxed && s->fn.ThreadExchangeStreamCaptureMode(&sc.mode) != CUDA_SUCCESS)
+		sc.mode = CU_STREAM_CAPTURE_MODE_RELAXED;
 	if (s->fn.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
-		return CUDA_SUCCESS;
-	r = s->fn.CtxPushCurrent(ctx);
-	if (r == CUDA_SUCCESS)
-		sc->pushed = 1;
-	else if (sc->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-		s->fn.ThreadExchangeStreamCaptureMode(&sc->mode);
-	return r;
+		return sc;
+	sc.r = s->fn.CtxPushCurrent(ctx);
+	if (sc.r == CUDA_SUCCESS)
+		sc.pushed = true;
+	else if (sc.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+		s->fn.ThreadExchangeStreamCaptureMode(&sc.mode);
+	return sc;
 }
 
-static CUresult ctx_enter(const struct cuda_state *s, CUcontext ctx, struct cu_scope *sc)
+static struct cu_scope ctx_enter(const struct cuda_state *s, CUcontext ctx)
 {
-	return ctx_enter_mode(s, ctx, sc, true);
+	return ctx_enter_mode(s, ctx, true);
 }
 
-static void ctx_leave(const struct cuda_state *s, struct cu_scope sc)
+/* Restore what ctx_enter changed; returns r, the result of the call made in the scope. */
+static CUresult ctx_leave(const struct cuda_state *s, struct cu_scope sc, CUresult r)
 {
 	CUcontext popped = NULL;
-	CUresult r;
+	CUresult pr;
 
 	if (sc.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
 		s->fn.ThreadExchangeStreamCaptureMode(&sc.mode);
 	if (!sc.pushed)
-		return;
-	r = s->fn.CtxPopCurrent(&popped);
+		return r;
+	pr = s->fn.CtxPopCurrent(&popped);
 	/* Nothing to hand back through the caller's result, but a stack left wrong would confuse the application
 	 * long after; say so. */
-	if (r != CUDA_SUCCESS)
-		cvm_warn("cuCtxPopCurrent failed (CUresult %d); the thread's current context may be wrong", (int)r);
+	if (pr != CUDA_SUCCESS)
+		cvm_warn("cuCtxPopCurrent failed (CUresult %d); the thread's current context may be wrong", (int)pr);
+	return r;
 }
+
+/*
+ * The driver call `call` (an expression) made in the scope sc, which ctx_enter, dev_enter or host_enter
+ * returned: made only if the enter succeeded, and the scope left right after it. A plain expression: the
+ * call's CUresult, or the enter's. Every driver call that needs a context goes through here.
+ */
+#define IN_SCOPE(s, sc, call) ((sc).r != CUDA_SUCCESS ? (sc).r : ctx_leave((s), (sc), (call)))
 
 /* Validate dev and make its primary context current. */
-static CUresult dev_enter_mode(struct cuda_state *s, int dev, struct cuda_dev **d, struct cu_scope *sc, bool relaxed)
+static struct cu_scope dev_enter_mode(struct cuda_state *s, int dev, bool relaxed)
 {
-	sc->pushed = 0;
-	sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	struct cu_scope sc = { .r = CUDA_ERROR_INVALID_DEVICE, .mode = CU_STREAM_CAPTURE_MODE_RELAXED };
+
 	if (dev < 0 || dev >= s->ndev)
-		return CUDA_ERROR_INVALID_DEVICE;
-	*d = &s->dev[dev];
-	if (!(*d)->ctx)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	return ctx_enter_mode(s, (*d)->ctx, sc, relaxed);
+		return sc;
+	if (!s->dev[dev].ctx) {
+		sc.r = CUDA_ERROR_INVALID_CONTEXT;
+		return sc;
+	}
+	sc = ctx_enter_mode(s, s->dev[dev].ctx, relaxed);
+	sc.d = &s->dev[dev];
+	return sc;
 }
 
-static CUresult dev_enter(struct cuda_state *s, int dev, struct cuda_dev **d, struct cu_scope *sc)
+static struct cu_scope dev_enter(struct cuda_state *s, int dev)
 {
-	return dev_enter_mode(s, dev, d, sc, true);
+	return dev_enter_mode(s, dev, true);
 }
 
-/* Device 0's primary context for host allocations, retained on first use. */
+/* Device 0's primary context for pinned host memory, retained on first use. */
 static CUresult host_ctx_get(struct cuda_state *s, CUcontext *out)
 {
 	CUcontext ctx = atomic_load_explicit(&s->host_ctx, memory_order_acquire);
@@ -293,6 +298,16 @@ static CUresult host_ctx_get(struct cuda_state *s, CUcontext *out)
 	}
 	*out = ctx;
 	return CUDA_SUCCESS;
+}
+
+/* Device 0's primary context made current, for pinned host memory. */
+static struct cu_scope host_enter(struct cuda_state *s)
+{
+	struct cu_scope sc = { .mode = CU_STREAM_CAPTURE_MODE_RELAXED };
+	CUcontext ctx = NULL;
+
+	sc.r = host_ctx_get(s, &ctx);
+	return sc.r != CUDA_SUCCESS ? sc : ctx_enter(s, ctx);
 }
 
 static void release_contexts(struct cuda_state *s)
@@ -458,11 +473,9 @@ static int cuda_device_open(void *state, int dev, struct cvm_devinfo *info)
 	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop.location.id = dev;
-	r = ctx_enter(s, ctx, &sc);
-	if (r != CUDA_SUCCESS)
-		goto fail;
-	r = s->fn.MemGetAllocationGranularity(&out.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-	ctx_leave(s, sc);
+	sc = ctx_enter(s, ctx);
+	r = IN_SCOPE(s, sc, s->fn.MemGetAllocationGranularity(&out.granularity, &prop,
+								  CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	if (!out.granularity) {
@@ -508,16 +521,10 @@ static void cuda_device_close(void *state, int dev)
 static int cuda_reserve(void *state, int dev, size_t size, uintptr_t *va)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
+	struct cu_scope sc = dev_enter(s, dev);
 	CUdeviceptr p = 0;
-	struct cu_scope sc;
-	CUresult r;
+	CUresult r = IN_SCOPE(s, sc, s->fn.MemAddressReserve(&p, size, sc.d->granularity, 0, 0));
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemAddressReserve(&p, size, d->granularity, 0, 0);
-	ctx_leave(s, sc);
 	if (r == CUDA_SUCCESS)
 		*va = (uintptr_t)p;
 	return r;
@@ -526,22 +533,14 @@ static int cuda_reserve(void *state, int dev, size_t size, uintptr_t *va)
 static int cuda_unreserve(void *state, int dev, uintptr_t va, size_t size)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemAddressFree((CUdeviceptr)va, size);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemAddressFree((CUdeviceptr)va, size));
 }
 
 static int cuda_create(void *state, int dev, size_t size, cvm_handle *h)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
 	CUmemAllocationProp prop;
 	CUmemGenericAllocationHandle handle = 0;
 	struct cu_scope sc;
@@ -552,11 +551,8 @@ static int cuda_create(void *state, int dev, size_t size, cvm_handle *h)
 	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop.location.id = dev;
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemCreate(&handle, size, &prop, 0);
-	ctx_leave(s, sc);
+	sc = dev_enter(s, dev);
+	r = IN_SCOPE(s, sc, s->fn.MemCreate(&handle, size, &prop, 0));
 	if (r == CUDA_SUCCESS)
 		*h = (cvm_handle)handle;
 	return r;
@@ -565,46 +561,25 @@ static int cuda_create(void *state, int dev, size_t size, cvm_handle *h)
 static int cuda_release(void *state, int dev, cvm_handle h)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemRelease((CUmemGenericAllocationHandle)h);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemRelease((CUmemGenericAllocationHandle)h));
 }
 
 static int cuda_map(void *state, int dev, uintptr_t va, size_t size, cvm_handle h)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0));
 }
 
 static int cuda_unmap(void *state, int dev, uintptr_t va, size_t size)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemUnmap((CUdeviceptr)va, size);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemUnmap((CUdeviceptr)va, size));
 }
 
 /* One CUmemAccessDesc per device of `devs` (the owner `dev` among them), in one call: the driver's cost is
@@ -612,11 +587,9 @@ static int cuda_unmap(void *state, int dev, uintptr_t va, size_t size)
 static int cuda_set_access(void *state, int dev, uintptr_t va, size_t size, uint64_t devs)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
 	CUmemAccessDesc desc[CVM_CUDA_MAX_DEVICES];
 	struct cu_scope sc;
 	size_t n = 0;
-	CUresult r;
 
 	memset(desc, 0, sizeof(desc));
 	for (int i = 0; i < CVM_CUDA_MAX_DEVICES; i++) {
@@ -629,14 +602,11 @@ static int cuda_set_access(void *state, int dev, uintptr_t va, size_t size, uint
 		desc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 		n++;
 	}
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemSetAccess((CUdeviceptr)va, size, desc, n);
-	ctx_leave(s, sc);
-	return r;
+	sc = dev_enter(s, dev);
+	return IN_SCOPE(s, sc, s->fn.MemSetAccess((CUdeviceptr)va, size, desc, n));
 }
 
+/* A device query, like those of cuda_device_open: it needs no context, so it is made outside any scope. */
 static int cuda_can_access_peer(void *state, int dev, int peer, int *can)
 {
 	struct cuda_state *s = state;
@@ -653,41 +623,14 @@ static int cuda_can_access_peer(void *state, int dev, int peer, int *can)
 	return r;
 }
 
-static int cuda_mem_info(void *state, int dev, size_t *free_bytes, size_t *total_bytes)
-{
-	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	size_t f = 0, t = 0;
-	struct cu_scope sc;
-	CUresult r;
-
-	/* cuMemGetInfo reports on the current context's device: the push is what selects the device. */
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemGetInfo(&f, &t);
-	ctx_leave(s, sc);
-	if (r == CUDA_SUCCESS) {
-		*free_bytes = f;
-		*total_bytes = t;
-	}
-	return r;
-}
-
 static int cuda_event_create(void *state, int dev, cvm_event *ev)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
+	struct cu_scope sc = dev_enter(s, dev);
 	CUevent e = NULL;
-	struct cu_scope sc;
-	CUresult r;
-
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
 	/* Only ordering is wanted; timing makes record and query slower. */
-	r = s->fn.EventCreate(&e, CU_EVENT_DISABLE_TIMING);
-	ctx_leave(s, sc);
+	CUresult r = IN_SCOPE(s, sc, s->fn.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+
 	if (r == CUDA_SUCCESS)
 		*ev = (cvm_event)e;
 	return r;
@@ -696,266 +639,103 @@ static int cuda_event_create(void *state, int dev, cvm_event *ev)
 static int cuda_event_destroy(void *state, int dev, cvm_event ev)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.EventDestroy((CUevent)ev);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.EventDestroy((CUevent)ev));
 }
 
 static int cuda_event_record(void *state, int dev, cvm_event ev, CUstream stream)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.EventRecord((CUevent)ev, stream);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.EventRecord((CUevent)ev, stream));
 }
 
 static int cuda_event_query(void *state, int dev, cvm_event ev)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.EventQuery((CUevent)ev);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.EventQuery((CUevent)ev));
 }
 
 static int cuda_event_sync(void *state, int dev, cvm_event ev)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.EventSynchronize((CUevent)ev);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.EventSynchronize((CUevent)ev));
 }
 
 static int cuda_device_sync(void *state, int dev)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.CtxSynchronize();
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.CtxSynchronize());
 }
 
 static int cuda_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.StreamWaitEvent(stream, (CUevent)ev, 0);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.StreamWaitEvent(stream, (CUevent)ev, 0));
 }
 
-static int cuda_host_alloc(void *state, size_t size, void **p)
-{
-	struct cuda_state *s = state;
-	CUcontext ctx;
-	void *mem = NULL;
-	struct cu_scope sc;
-	CUresult r;
-
-	r = host_ctx_get(s, &ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = ctx_enter(s, ctx, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	/* Portable: the copies run on whichever device's stream, not only device 0's. */
-	r = s->fn.MemHostAlloc(&mem, size, CU_MEMHOSTALLOC_PORTABLE);
-	ctx_leave(s, sc);
-	if (r == CUDA_SUCCESS)
-		*p = mem;
-	return r;
-}
-
-static int cuda_host_free(void *state, void *p)
-{
-	struct cuda_state *s = state;
-	CUcontext ctx;
-	struct cu_scope sc;
-	CUresult r;
-
-	r = host_ctx_get(s, &ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = ctx_enter(s, ctx, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemFreeHost(p);
-	ctx_leave(s, sc);
-	return r;
-}
-
-/* Pinning ordinary memory: in device 0's primary context, portable as host_alloc's, from any thread. */
+/* Pinning ordinary memory: in device 0's primary context, from any thread; portable, since the copies run
+ * on whichever device's stream, not only device 0's. */
 static int cuda_host_register(void *state, void *p, size_t size)
 {
 	struct cuda_state *s = state;
-	CUcontext ctx;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = host_enter(s);
 
-	r = host_ctx_get(s, &ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = ctx_enter(s, ctx, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE));
 }
 
 static int cuda_host_unregister(void *state, void *p)
 {
 	struct cuda_state *s = state;
-	CUcontext ctx;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = host_enter(s);
 
-	r = host_ctx_get(s, &ctx);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = ctx_enter(s, ctx, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemHostUnregister(p);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemHostUnregister(p));
 }
 
 static int cuda_copy_dtoh(void *state, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemcpyDtoHAsync(dst, (CUdeviceptr)src, size, stream);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemcpyDtoHAsync(dst, (CUdeviceptr)src, size, stream));
 }
 
 static int cuda_copy_htod(void *state, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.MemcpyHtoDAsync((CUdeviceptr)dst, src, size, stream);
-	ctx_leave(s, sc);
-	return r;
-}
-
-static int cuda_stream_create(void *state, int dev, CUstream *stream)
-{
-	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	CUstream st = NULL;
-	struct cu_scope sc;
-	CUresult r;
-
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	/* Non-blocking: the library's copies must neither wait for nor hold up the application's legacy NULL
-	 * stream. */
-	r = s->fn.StreamCreate(&st, CU_STREAM_NON_BLOCKING);
-	ctx_leave(s, sc);
-	if (r == CUDA_SUCCESS)
-		*stream = st;
-	return r;
-}
-
-static int cuda_stream_destroy(void *state, int dev, CUstream stream)
-{
-	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
-
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.StreamDestroy(stream);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.MemcpyHtoDAsync((CUdeviceptr)dst, src, size, stream));
 }
 
 static int cuda_stream_sync(void *state, int dev, CUstream stream)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	struct cu_scope sc;
-	CUresult r;
+	struct cu_scope sc = dev_enter(s, dev);
 
-	r = dev_enter(s, dev, &d, &sc);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.StreamSynchronize(stream);
-	ctx_leave(s, sc);
-	return r;
+	return IN_SCOPE(s, sc, s->fn.StreamSynchronize(stream));
 }
 
 static int cuda_capture_id(void *state, int dev, CUstream stream, uint64_t *id)
 {
 	struct cuda_state *s = state;
-	struct cuda_dev *d;
-	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-	cuuint64_t cid = 0;
-	struct cu_scope sc;
-	CUresult r;
-
 	/* Legal in every capture mode, and asked on every stream-ordered malloc and free: no exchange of the
 	 * thread's capture mode. */
-	r = dev_enter_mode(s, dev, &d, &sc, false);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = s->fn.StreamGetCaptureInfo(stream, &st, &cid, NULL, NULL, NULL);
-	ctx_leave(s, sc);
+	struct cu_scope sc = dev_enter_mode(s, dev, false);
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	cuuint64_t cid = 0;
+	CUresult r = IN_SCOPE(s, sc, s->fn.StreamGetCaptureInfo(stream, &st, &cid, NULL, NULL, NULL));
+
 	if (r == CUDA_SUCCESS)
 		*id = st == CU_STREAM_CAPTURE_STATUS_NONE ? 0 : (uint64_t)cid;
 	/* A capture invalidated by someone else still has an id; its graph will never exist. */
@@ -978,7 +758,6 @@ const struct cvm_backend cvm_backend_cuda = {
 	.unmap = cuda_unmap,
 	.set_access = cuda_set_access,
 	.can_access_peer = cuda_can_access_peer,
-	.mem_info = cuda_mem_info,
 	.event_create = cuda_event_create,
 	.event_destroy = cuda_event_destroy,
 	.event_record = cuda_event_record,
@@ -986,12 +765,8 @@ const struct cvm_backend cvm_backend_cuda = {
 	.event_sync = cuda_event_sync,
 	.device_sync = cuda_device_sync,
 	.stream_wait = cuda_stream_wait,
-	.host_alloc = cuda_host_alloc,
-	.host_free = cuda_host_free,
 	.copy_dtoh = cuda_copy_dtoh,
 	.copy_htod = cuda_copy_htod,
-	.stream_create = cuda_stream_create,
-	.stream_destroy = cuda_stream_destroy,
 	.stream_sync = cuda_stream_sync,
 	.capture_id = cuda_capture_id,
 	.host_register = cuda_host_register,

@@ -11,12 +11,12 @@
  * that, MAP_FIXED and mprotect would quietly do something, and a library bug that fails on a GPU would pass here
  * -- or overwrite unrelated process memory.
  *
- * Work is synchronous, so events complete when recorded, except while the test gate is closed (see drv.h).
+ * Work is synchronous, so events complete when recorded, except while the test gate is closed (drv_test.h).
  *
  * Several devices (cfg->host_devices, CUVMM_HOST_DEVICES): each has its own chunks, gate (its events and
  * synchronisations) and captures; they share the process's address space, as CUDA devices share one
- * unified address space. Each mapping records which devices were granted access to it (cvm_host_access),
- * and every device can access every other's memory unless a test says otherwise (cvm_host_peer_deny).
+ * unified address space. Each mapping records which devices were granted access to it, and every device can
+ * access every other's memory unless a test says otherwise (cvm_host_access, cvm_host_peer_deny: drv_test.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "drv.h"
+#include "drv_test.h"
 #include "log.h"
 
 #define HOST_DEFAULT_GRANULARITY ((size_t)2 << 20)
@@ -385,28 +386,6 @@ static size_t phys_bytes(size_t page)
 	return pages > 0 ? (size_t)pages * page : 0;
 }
 
-/* MemAvailable counts reclaimable cache as free, as a GPU would count memory nobody holds; the sysconf value
- * (MemFree) is only for kernels too old to report it. */
-static size_t avail_bytes(size_t page)
-{
-	FILE *f = fopen("/proc/meminfo", "re");
-	char line[128];
-	unsigned long long kib;
-	long pages;
-
-	if (f) {
-		while (fgets(line, sizeof(line), f)) {
-			if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
-				fclose(f);
-				return (size_t)kib * 1024;
-			}
-		}
-		fclose(f);
-	}
-	pages = sysconf(_SC_AVPHYS_PAGES);
-	return pages > 0 ? (size_t)pages * page : 0;
-}
-
 static int host_open(const struct cuvmm_config *cfg, void **state)
 {
 	long page = sysconf(_SC_PAGESIZE);
@@ -756,19 +735,6 @@ static int host_can_access_peer(void *state, int dev, int peer, int *can)
 	return CUDA_SUCCESS;
 }
 
-static int host_mem_info(void *state, int dev, size_t *free_bytes, size_t *total_bytes)
-{
-	struct host_state *st = state;
-	size_t avail;
-
-	if (bad_dev(state, dev))
-		return CUDA_ERROR_INVALID_DEVICE;
-	avail = avail_bytes(st->page);
-	*free_bytes = avail < st->total_bytes ? avail : st->total_bytes;
-	*total_bytes = st->total_bytes;
-	return CUDA_SUCCESS;
-}
-
 static int host_event_create(void *state, int dev, cvm_event *ev)
 {
 	struct host_event *e;
@@ -885,27 +851,6 @@ static int host_stream_wait(void *state, int dev, CUstream stream, cvm_event ev)
 	return bad_dev(state, dev) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
-static int host_host_alloc(void *state, size_t size, void **p)
-{
-	void *q;
-
-	(void)state;
-	if (size == 0)
-		return CUDA_ERROR_INVALID_VALUE;
-	q = malloc(size);
-	if (!q)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	*p = q;
-	return CUDA_SUCCESS;
-}
-
-static int host_host_free(void *state, void *p)
-{
-	(void)state;
-	free(p);
-	return CUDA_SUCCESS;
-}
-
 /*
  * Registered host ranges, process-wide as CUDA's are: registering a range that overlaps one is refused
  * (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED), unregistering what is not the start of one too
@@ -1006,29 +951,6 @@ static int host_copy_htod(void *state, int dev, uintptr_t dst, const void *src, 
 	return CUDA_SUCCESS;
 }
 
-static int host_stream_create(void *state, int dev, CUstream *stream)
-{
-	void *s;
-
-	(void)state;
-	if (bad_dev(state, dev))
-		return CUDA_ERROR_INVALID_DEVICE;
-	/* Only identity matters: a live allocation is a unique non-NULL pointer. */
-	s = malloc(1);
-	if (!s)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	*stream = (CUstream)s;
-	return CUDA_SUCCESS;
-}
-
-static int host_stream_destroy(void *state, int dev, CUstream stream)
-{
-	(void)state;
-	(void)dev;
-	free(stream);
-	return CUDA_SUCCESS;
-}
-
 /* There is one queue of work on the host, so a stream's work is all the work. */
 static int host_stream_sync(void *state, int dev, CUstream stream)
 {
@@ -1064,7 +986,6 @@ const struct cvm_backend cvm_backend_host = {
 	.map = host_map,
 	.unmap = host_unmap,
 	.set_access = host_set_access,
-	.mem_info = host_mem_info,
 	.event_create = host_event_create,
 	.event_destroy = host_event_destroy,
 	.event_record = host_event_record,
@@ -1072,12 +993,8 @@ const struct cvm_backend cvm_backend_host = {
 	.event_sync = host_event_sync,
 	.device_sync = host_device_sync,
 	.stream_wait = host_stream_wait,
-	.host_alloc = host_host_alloc,
-	.host_free = host_host_free,
 	.copy_dtoh = host_copy_dtoh,
 	.copy_htod = host_copy_htod,
-	.stream_create = host_stream_create,
-	.stream_destroy = host_stream_destroy,
 	.stream_sync = host_stream_sync,
 	.capture_id = host_capture_id,
 	.can_access_peer = host_can_access_peer,

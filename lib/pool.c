@@ -75,9 +75,12 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	snprintf(p->name, sizeof(p->name), "%s", cfg->name ? cfg->name : "pool");
 	p->edge = calloc(p->r.npages, sizeof(*p->edge));
 	va = calloc(1, sizeof(*va));
-	if (!p->edge || !va || cvm_seg_init(&p->vseg, p->r.npages) || cvm_seg_init(&p->fseg, p->r.npages)) {
+	cvm_slab_setup(p);
+	if (!p->edge || !va || cvm_seg_init(&p->vseg, p->r.npages) || cvm_seg_init(&p->fseg, p->r.npages) ||
+	    cvm_pool_pack_init(p)) {
 		cvm_seg_fini(&p->vseg);
 		cvm_seg_fini(&p->fseg);
+		cvm_pool_pack_fini(p);
 		free(va);
 		free(p->edge);
 		cvm_region_fini(&p->r);
@@ -91,7 +94,6 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	va->kind = CVM_RUN_VA;
 	cvm_edges_set(p, va);
 	cvm_bin_insert(p, va);
-	cvm_slab_setup(p);
 	p->win_start = cvm_now_ns();
 	p->client.ops = &pool_ops;
 	p->client.dev = dev;
@@ -128,6 +130,7 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 	cvm_region_fini(&p->r);
 	cvm_seg_fini(&p->vseg);
 	cvm_seg_fini(&p->fseg);
+	cvm_pool_pack_fini(p);
 	free(p->edge);
 	free(p);
 }
@@ -152,6 +155,10 @@ static int pool_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void 
 		err = cvm_slab_alloc(p, bytes, stream, ptr);
 		goto out;
 	}
+	if (bytes <= p->pack_max) {
+		err = cvm_pool_pack_alloc(p, bytes, stream, ptr);
+		goto out;
+	}
 	k = (bytes + p->r.gran - 1) >> p->r.gshift;
 	err = cvm_get_run(p, k, stream, true, &run);
 	if (err)
@@ -167,13 +174,16 @@ out:
 	return err;
 }
 
-/* The bytes the pool counts for a live allocation at `a` (a large one's size, a small one's class), or 0 if `a`
- * is not one. Lock held. */
+/* The bytes the pool counts for a live allocation at `a` (a large or packed one's size, a small one's class),
+ * or 0 if `a` is not one. Lock held. */
 static size_t live_bytes_locked(struct cuvmm_pool *p, uintptr_t a)
 {
 	size_t g = (a - p->r.base) >> p->r.gshift;
 	struct cvm_run *run = p->edge[g];
+	struct cvm_pack_alloc *x = cvm_pool_pack_find(p, a);
 
+	if (x)
+		return x->pending ? 0 : x->bytes; /* (pending: freed on a stream already) */
 	if (run && run->kind == CVM_RUN_SLAB)
 		return cvm_slab_live_bytes(p, a);
 	if (!run || run->kind != CVM_RUN_USED || run->start != g || (a & (p->r.gran - 1)))
@@ -232,6 +242,7 @@ int cuvmm_malloc_async(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool async)
 {
 	uintptr_t a = (uintptr_t)ptr;
+	struct cvm_pack_alloc *x;
 	struct cvm_run *run;
 	struct cvm_fence fence, *f = NULL;
 	uint64_t cap = 0;
@@ -288,7 +299,10 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 			goto out;
 		f = &fence;
 	}
-	if (run->kind == CVM_RUN_SLAB) {
+	x = cvm_pool_pack_find(p, a);
+	if (x) {
+		cvm_pool_pack_free(p, x, f);
+	} else if (run->kind == CVM_RUN_SLAB) {
 		cvm_slab_free(p, a, f);
 	} else {
 		cvm_pool_live_add(p, -(int64_t)run->bytes);

@@ -6,6 +6,8 @@
  *   FREE  free and mapped: physical memory kept for reuse (the pool's slack);
  *   USED  one large allocation (granule-aligned, ceil(bytes / granularity) granules);
  *   SLAB  one granule cut into equal slots for small allocations of one size class;
+ *   PACK  one chunk of the packer's (pack.h): allocations of up to CVM_PACK_MAX_GRANULES granules, byte
+ *         ranges that share granules with their neighbours; given back (FREE) once no live byte is on it;
  *   GOING FREE memory the reclaim pass is unmapping right now, without the pool's lock.
  * Runs carry boundary tags (edge[] at their first and last granule) so that neighbours coalesce in O(1);
  * FREE runs sit in size bins (best fit) and, like VA runs, in a segment tree (first fit from an address,
@@ -25,9 +27,10 @@
 #define CVM_POOL_H
 
 #include "region.h"
+#include "pack.h"
 #include "seg.h"
 
-enum cvm_run_kind { CVM_RUN_VA = 0, CVM_RUN_FREE, CVM_RUN_USED, CVM_RUN_SLAB, CVM_RUN_GOING };
+enum cvm_run_kind { CVM_RUN_VA = 0, CVM_RUN_FREE, CVM_RUN_USED, CVM_RUN_SLAB, CVM_RUN_GOING, CVM_RUN_PACK };
 
 struct cvm_slab;
 
@@ -53,7 +56,7 @@ struct cvm_run_bins {
 	uint64_t nonempty[CVM_NBINS / 64];
 };
 
-struct cvm_dfree; /* a small allocation freed on a stream, waiting for its event */
+struct cvm_dfree; /* a small or packed allocation freed on a stream, waiting for its event */
 
 struct cuvmm_pool {
 	struct cvm_client client;
@@ -67,12 +70,14 @@ struct cuvmm_pool {
 	struct cvm_run pend;           /* FREE runs with an event pending (sentinel) */
 	size_t free_bytes;             /* bytes in FREE runs */
 	size_t small_max;              /* largest size served from slabs */
+	size_t pack_max;               /* largest size the packer places (above small_max) */
+	struct cvm_pack pack;          /* allocations above small_max up to pack_max */
 	unsigned nsmall;               /* size classes in use */
 	struct cvm_slab *partial[CVM_NSMALL]; /* slabs with a free slot, per class */
-	struct cvm_dfree *dq_head, *dq_tail;   /* small frees on streams, oldest first */
+	struct cvm_dfree *dq_head, *dq_tail;   /* small and packed frees on streams, oldest first */
 	size_t ndq;
 	size_t live;                   /* bytes handed out (under the lock; pacct mirrors it) */
-	size_t fp;                     /* footprint: bytes of USED and SLAB runs */
+	size_t fp;                     /* footprint: bytes of USED, SLAB and PACK runs */
 	size_t win_peak, prev_peak;    /* peak footprint in this and the previous window, for the slack cap */
 	uint64_t win_start;
 	struct cvm_acct pacct;         /* live bytes of the pool, feeding the device's */

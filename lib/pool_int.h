@@ -5,7 +5,10 @@
  *   pool_runs.c     runs: boundary tags, size bins, segment trees, coalesce and split, settling of FREE
  *                   runs freed on a stream or before a device synchronisation
  *   pool_place.c    placement: next fit, best fit, compose fit, fresh mapping
- *   pool_slab.c     small allocations: size classes, slabs, the queue of small frees on streams
+ *   pool_slab.c     small allocations: size classes, slabs, the queue of small and packed frees on
+ *                   streams
+ *   pool_pack.c     packed allocations (above the slab limit, up to CVM_PACK_MAX_GRANULES granules): the
+ *                   packer's granules (PACK runs) taken from and given back to the runs
  *   pool_reclaim.c  giving memory back: the slack cap, unmapping FREE runs, the reclaim pass, trim
  *
  * Everything here runs under the pool's lock (p->r.lock) unless a function says otherwise.
@@ -82,6 +85,9 @@ void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, const struct cvm
 int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, struct cvm_run **out);
 /* The chunk class (in granules) of large handles for an allocation of k >= 16 granules. */
 unsigned cvm_large_cls(size_t k);
+/* The granules an allocation of k granules would take from the start of FREE run `run` (every run boundary a
+ * chunk boundary), or 0 if it cannot. */
+size_t cvm_cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k);
 
 /* ----- pool_slab.c ----- */
 
@@ -94,10 +100,34 @@ int cvm_slab_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **p
 void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, const struct cvm_fence *f);
 /* The class size of a live small allocation at `a` (a granule of a SLAB run), or 0 if `a` is not one. */
 size_t cvm_slab_live_bytes(struct cuvmm_pool *p, uintptr_t a);
-/* Complete small stream frees whose events are done (oldest first, at most `max` looked at). */
+/* Complete small and packed stream frees whose events are done (oldest first, at most `max` looked at). */
 void cvm_slab_drain(struct cuvmm_pool *p, int max);
-/* Drop the queue of small stream frees (destroy); the slabs go with their runs. */
+/* Queue the stream free of packed allocation `x` at `a` until its fence `f` (an event on the stream, taken
+ * over) has completed. false: no memory for the entry (nothing queued). */
+bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, const struct cvm_fence *f);
+/* A packed allocation of length `len` freed on `stream` and still queued, taken out of the queue (its fence
+ * cleared: the stream orders the reuse), or NULL. */
+struct cvm_pack_alloc *cvm_dq_take_packed(struct cuvmm_pool *p, CUstream stream, size_t len);
+/* Drop the queue of stream frees (destroy); the slabs go with their runs, packed allocations with the
+ * packer (cvm_pool_pack_fini). */
 void cvm_slab_discard(struct cuvmm_pool *p);
+
+/* ----- pool_pack.c ----- */
+
+/* Set pack_max and set up the packer (create); CUVMM_ENOMEM. */
+int cvm_pool_pack_init(struct cuvmm_pool *p);
+/* Free the packer's bookkeeping (destroy; the PACK runs go with the runs). */
+void cvm_pool_pack_fini(struct cuvmm_pool *p);
+/* The packed allocation starting at `a` (live, or freed on a stream and pending), or NULL. */
+struct cvm_pack_alloc *cvm_pool_pack_find(struct cuvmm_pool *p, uintptr_t a);
+/* A packed allocation (small_max < bytes <= pack_max); on `stream` (or NULL), one of the same length freed
+ * on that stream is reused at once. */
+int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr);
+/* Free live packed allocation `x`: at once (f NULL: fenced by the device epoch), or, with fence `f` (an event
+ * on the freeing stream, taken over), its bytes stay taken until the fence has completed. */
+void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, const struct cvm_fence *f);
+/* A queued stream free of `x` whose event has completed (cvm_slab_drain): its bytes are free. */
+void cvm_pool_pack_settled(struct cuvmm_pool *p, struct cvm_pack_alloc *x);
 
 /* ----- pool_reclaim.c ----- */
 

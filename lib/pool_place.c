@@ -30,6 +30,11 @@ static size_t cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k)
 	return k + ext;
 }
 
+size_t cvm_cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k)
+{
+	return cut_len(p, run, k);
+}
+
 /*
  * Best fit: the FREE run that serves k granules with the fewest granules left over, usable on `stream` now
  * and cut at a chunk boundary, with the granules it would take in *take. Bounded scans keep it O(1) in

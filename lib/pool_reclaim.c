@@ -229,19 +229,22 @@ again:
 			cvm_free_to_va(p, run);
 		} else {
 			/* Detach it: out of every index, GOING, so nothing allocates or merges it while the
-			 * chunks are unmapped below without the lock. In batches: while a batch is unmapped, an
-			 * allocation cannot reuse its chunks and creates new ones, so held briefly counts both;
-			 * a small batch keeps that overlap small, and the pass comes straight back for more.
-			 * (Idle memory, due, needs no small batches: nothing allocates meanwhile.) */
-			if (!due) {
+			 * chunks are unmapped below without the lock. In batches while the pool holds
+			 * allocations, for runs due by the delay as for those over the cap: while a batch is
+			 * unmapped, an allocation cannot reuse its chunks and creates new ones, so held briefly
+			 * counts both; a small batch keeps that overlap small, and the pass comes straight
+			 * back for more. (A pass stops once CVM_GOING_BATCH granules are detached; runs are
+			 * taken whole, as cutting them would cost the cap the pass it loses to a busy pool.)
+			 * Only an empty pool, which nothing allocates from, gives its memory back at once. */
+			if (p->fp) {
 				if (batch >= CVM_GOING_BATCH) {
 					deadline = now;
 					break;
 				}
 				batch += run->len;
 			}
-			*(due ? &by_delay : &by_cap) += cvm_gbytes(p, run->len);
 			cvm_free_unlink(p, run);
+			*(due ? &by_delay : &by_cap) += cvm_gbytes(p, run->len);
 			run->kind = CVM_RUN_GOING;
 			run->lnext = going;
 			going = run;

@@ -1,14 +1,15 @@
 /*
  * Small allocations: size classes (256-byte steps to 1 KiB, then four steps per doubling), slabs (one
- * granule cut into equal slots of one class, in a SLAB run), and the queue of small frees on streams whose
- * slots become available once their fence (fence.h) has completed.
+ * granule cut into equal slots of one class, in a SLAB run), and the queue of frees on streams whose slots
+ * (or packed allocations, pool_pack.c: their bytes share granules too) become available once their fence
+ * (fence.h) has completed.
  */
 #include <stdlib.h>
 
 #include "pool_int.h"
 
 #define CVM_SMALL_LIMIT ((size_t)1 << 20) /* largest small allocation, if the granule allows 4 slots */
-#define CVM_DQ_SCAN 16                    /* small stream frees looked at per allocation */
+#define CVM_DQ_SCAN 16                    /* stream frees looked at per allocation */
 
 struct cvm_slab {
 	struct cvm_slab *next, *prev; /* partial list of its class */
@@ -21,6 +22,7 @@ struct cvm_slab {
 struct cvm_dfree {
 	struct cvm_dfree *next;
 	void *ptr;
+	struct cvm_pack_alloc *pack; /* a packed allocation (pool_pack.c); NULL: a slot of class cls */
 	uint32_t cls;
 	struct cvm_fence fence; /* an event fence on the stream it was freed on */
 };
@@ -146,6 +148,20 @@ static void dq_remove(struct cuvmm_pool *p, struct cvm_dfree *prev, struct cvm_d
 	p->ndq--;
 }
 
+/* Append a stream free (d's pack or cls set) to the queue. */
+static void dq_push(struct cuvmm_pool *p, struct cvm_dfree *d, uintptr_t a, const struct cvm_fence *f)
+{
+	d->next = NULL;
+	d->ptr = (void *)a;
+	d->fence = *f;
+	if (p->dq_tail)
+		p->dq_tail->next = d;
+	else
+		p->dq_head = d;
+	p->dq_tail = d;
+	p->ndq++;
+}
+
 /* The slab and slot of a pointer into a SLAB run, or NULL. */
 static struct cvm_slab *slab_of(struct cuvmm_pool *p, uintptr_t a, uint32_t *slot)
 {
@@ -162,7 +178,7 @@ static struct cvm_slab *slab_of(struct cuvmm_pool *p, uintptr_t a, uint32_t *slo
 	return *slot < run->slab->nslots ? run->slab : NULL;
 }
 
-/* Complete small stream frees whose events are done (oldest first, at most `max` looked at). */
+/* Complete stream frees whose events are done (oldest first, at most `max` looked at). */
 void cvm_slab_drain(struct cuvmm_pool *p, int max)
 {
 	struct cvm_dfree *prev = NULL, *d = p->dq_head, *next;
@@ -177,8 +193,12 @@ void cvm_slab_drain(struct cuvmm_pool *p, int max)
 			continue;
 		}
 		dq_remove(p, prev, d);
-		s = slab_of(p, (uintptr_t)d->ptr, &slot);
-		slab_put(p, s, slot);
+		if (d->pack) {
+			cvm_pool_pack_settled(p, d->pack);
+		} else {
+			s = slab_of(p, (uintptr_t)d->ptr, &slot);
+			slab_put(p, s, slot);
+		}
 		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 	}
@@ -195,7 +215,7 @@ int cvm_slab_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **p
 	for (; stream && d && n < CVM_DQ_SCAN; prev = d, d = d->next, n++) {
 		uint32_t slot;
 
-		if (d->fence.stream != stream || d->cls != cls)
+		if (d->fence.stream != stream || d->pack || d->cls != cls)
 			continue;
 		dq_remove(p, prev, d);
 		s = slab_of(p, (uintptr_t)d->ptr, &slot);
@@ -253,20 +273,42 @@ void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, const struct cvm_fence *f)
 			cvm_fence_clear(&p->r.dev->fence, &w);
 			slab_put(p, s, slot);
 		} else {
-			d->next = NULL;
-			d->ptr = (void *)a;
+			d->pack = NULL;
 			d->cls = s->cls;
-			d->fence = *f;
-			if (p->dq_tail)
-				p->dq_tail->next = d;
-			else
-				p->dq_head = d;
-			p->dq_tail = d;
-			p->ndq++;
+			dq_push(p, d, a, f);
 		}
 	} else {
 		slab_put(p, s, slot);
 	}
+}
+
+bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, const struct cvm_fence *f)
+{
+	struct cvm_dfree *d = malloc(sizeof(*d));
+
+	if (!d)
+		return false;
+	d->pack = x;
+	d->cls = 0;
+	dq_push(p, d, a, f);
+	return true;
+}
+
+struct cvm_pack_alloc *cvm_dq_take_packed(struct cuvmm_pool *p, CUstream stream, size_t len)
+{
+	struct cvm_dfree *prev = NULL, *d = p->dq_head;
+	struct cvm_pack_alloc *x;
+
+	for (int n = 0; d && n < CVM_DQ_SCAN; prev = d, d = d->next, n++) {
+		if (d->fence.stream != stream || !d->pack || d->pack->len != len)
+			continue;
+		dq_remove(p, prev, d);
+		x = d->pack;
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
+		free(d);
+		return x;
+	}
+	return NULL;
 }
 
 void cvm_slab_discard(struct cuvmm_pool *p)

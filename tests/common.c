@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "drv.h" /* cvm_host_gate_open */
+#include "drv_test.h" /* cvm_host_gate_open */
 #include "gpu.h"
 
 /* ----- backend and context ----- */

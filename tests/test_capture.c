@@ -1,15 +1,15 @@
 /*
  * CUDA graph capture: allocation and free on a capturing stream, graph pools, and no call of the library
  * (application threads or the background thread) invalidating a capture. On the host backend the capture
- * is the backend's model of CUDA's rules (drv.h): it is invalidated by exactly what would invalidate a real
- * one. On the CUDA backend the captures are real, in global mode, and the graphs are replayed.
+ * is the backend's model of CUDA's rules (drv_test.h): it is invalidated by exactly what would invalidate a
+ * real one. On the CUDA backend the captures are real, in global mode, and the graphs are replayed.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
-#include "drv.h"
+#include "drv_test.h"
 #include "gpu.h"
 
 #define MiB TC_MiB

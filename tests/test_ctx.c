@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "drv.h"
+#include "drv_test.h"
 
 #define G (2 * TC_MiB) /* the granularity on both backends (host default, H200) */
 #define SENTINEL ((struct cuvmm_ctx *)(uintptr_t)0xdeadbeef)

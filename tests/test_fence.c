@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "ctx.h"
+#include "drv_test.h"
 
 struct fixture {
 	struct cuvmm_ctx *ctx;

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "drv.h"
+#include "drv_test.h"
 #include "gpu.h"
 #include "kv.h"
 

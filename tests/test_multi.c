@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "common.h"
-#include "drv.h"
+#include "drv_test.h"
 
 #define GRAN (2 * TC_MiB)
 #define BOTH ((uint64_t)3)

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "drv.h" /* cvm_host_gate_close/open */
+#include "drv_test.h" /* cvm_host_gate_close/open */
 #include "gpu.h"
 #include "seg.h" /* the first-fit index, tested directly */
 
@@ -125,7 +125,7 @@ static void trim_ok(struct cuvmm_pool *pool, size_t keep)
 	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_trim: %s", cuvmm_err_name(err));
 }
 
-/* ----- what the pool counts: a copy of the rule in lib/pool.c ----- */
+/* ----- what the pool counts: a copy of the rules in lib/pool_slab.c and lib/pool_pack.c ----- */
 
 /* Largest size served from slabs: a quarter of a granule (four slots at least), at most 1 MiB. */
 static size_t small_max_of(size_t gran)
@@ -135,7 +135,13 @@ static size_t small_max_of(size_t gran)
 	return m < 256 ? 0 : m;
 }
 
-/* Size classes: 256-byte steps to 1 KiB, then four steps per doubling (pool.c: small_class, class_size). */
+/* Largest size the packer places (pack.h: CVM_PACK_MAX_GRANULES granules), above small_max_of. */
+static size_t pack_max_of(size_t gran)
+{
+	return small_max_of(gran) ? 32 * gran : 0;
+}
+
+/* Size classes: 256-byte steps to 1 KiB, then four steps per doubling (pool_slab.c: small_class, class_size). */
 static size_t class_round(size_t s)
 {
 	unsigned p;
@@ -159,14 +165,17 @@ static size_t live_of(size_t bytes, size_t gran)
 	return bytes <= small_max_of(gran) ? class_round(bytes) : bytes;
 }
 
-/* Address range an allocation occupies for sure: its slot, or its whole granules. */
+/* Address range an allocation occupies for sure: its slot, its 512-byte units (packed), or its whole
+ * granules. */
 static size_t foot_of(size_t bytes, size_t gran)
 {
-	return bytes <= small_max_of(gran) ? class_round(bytes) : round_up(bytes, gran);
+	if (bytes <= small_max_of(gran))
+		return class_round(bytes);
+	return round_up(bytes, bytes <= pack_max_of(gran) ? 512 : gran);
 }
 
-/* Granules a large allocation of k granules may take at most: cut_len in pool.c lets it extend to the end of
- * the chunk it ends in, by up to max(1, k/16) granules. */
+/* Granules a large allocation of k granules may take at most: cut_len in pool_place.c lets it extend to the end
+ * of the chunk it ends in, by up to max(1, k/16) granules. */
 static size_t max_granules(size_t k)
 {
 	return k + (k / 16 > 1 ? k / 16 : 1);
@@ -323,6 +332,12 @@ static void m_bounds(struct model *m, uint64_t *lo, uint64_t *hi)
 	for (size_t i = 0; i < m->n; i++) {
 		if (m->a[i].bytes <= m->small_max) {
 			gs[ng++] = m->a[i].p / m->gran;
+		} else if (m->a[i].bytes <= pack_max_of(m->gran)) {
+			/* Packed: its bytes, on granules it may share; at most one granule more than its own. */
+			size_t k = round_up(m->a[i].foot, m->gran) / m->gran;
+
+			*lo += m->a[i].foot;
+			*hi += (max_granules(k) + 1) * m->gran;
 		} else {
 			size_t k = m->a[i].foot / m->gran;
 
@@ -448,7 +463,7 @@ static void m_malloc(struct model *m)
 	ck_assert_msg(err == CUVMM_OK, "%s malloc of %zu bytes: %s", where(m), bytes, cuvmm_err_name(err));
 	p = (uintptr_t)ptr;
 	ck_assert_msg(p && p % 256 == 0, "%s %#" PRIxPTR " is not aligned to 256", where(m), p);
-	if (bytes > m->small_max)
+	if (bytes > pack_max_of(m->gran))
 		ck_assert_msg(p % m->gran == 0, "%s large allocation %#" PRIxPTR " not granule-aligned", where(m), p);
 	for (size_t i = 0; i < m->n; i++)
 		ck_assert_msg(!overlaps(p, foot, m->a[i].p, m->a[i].foot),
@@ -469,7 +484,7 @@ static void m_malloc(struct model *m)
 		}
 		if (same) {
 			/* A large allocation may also have taken the granules up to its chunk's end. */
-			size_t cut = bytes > m->small_max ? max_granules(foot / m->gran) * m->gran : foot;
+			size_t cut = bytes > pack_max_of(m->gran) ? max_granules(foot / m->gran) * m->gran : foot;
 
 			m_pend_cut(m, p, p + cut, s);
 			m->nsame++;
@@ -858,6 +873,46 @@ START_TEST(test_fault_malloc_fresh)
 	/* "A failed call leaves no partial state behind: ... nothing it created stays held" (API.md). */
 	ck_assert_msg(held_cases == 0, "%d of %d failed mallocs left chunks they created held (in the device's "
 		      "cache, for release_delay_ms; here never):%s", held_cases, cases, held_report);
+}
+END_TEST
+
+/*
+ * A packed allocation that would bump past the cursor, whose new granules cannot be mapped, takes granules of
+ * its own instead: as many as its whole length needs, not just the ones the bump lacked (the fuzz harness
+ * found it spilling into the granule after them, over a neighbour or into unmapped address space).
+ */
+START_TEST(test_fault_pack_bump)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = gran_of(ctx), asz = 2 * g + g / 2, bsz = 2 * g + g / 4;
+	static const enum cuvmm_call calls[] = {CUVMM_CALL_CREATE, CUVMM_CALL_MAP, CUVMM_CALL_SET_ACCESS};
+	void *a, *b, *c;
+
+	for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+		/* a: 3 granules, its last half full; b would bump over 2 more, the map of which fails. */
+		ck_assert_int_eq(cuvmm_malloc(pool, asz, &a), CUVMM_OK);
+		inject(ctx, calls[i], 0, 1, CUVMM_EDRIVER);
+		ck_assert_int_eq(cuvmm_malloc(pool, bsz, &b), CUVMM_OK);
+		inject(ctx, calls[i], 0, 0, CUVMM_EDRIVER);
+		ck_assert_msg((uintptr_t)b % g == 0, "%s refused: b %p is not on granules of its own (a %p)",
+			      cuvmm_call_name(calls[i]), b, a);
+		ck_assert_int_eq(cuvmm_malloc(pool, asz, &c), CUVMM_OK);
+		ck_assert_msg(!overlaps((uintptr_t)b, bsz, (uintptr_t)c, asz) &&
+				      !overlaps((uintptr_t)b, bsz, (uintptr_t)a, asz),
+			      "%s refused: b [%p, +%zu) overlaps a %p or c %p", cuvmm_call_name(calls[i]), b, bsz, a, c);
+		ck_assert_int_eq(pat_fill(a, asz, 1), 0);
+		ck_assert_int_eq(pat_fill(c, asz, 3), 0);
+		ck_assert_int_eq(pat_fill(b, bsz, 2), 0); /* (faults if b reaches unmapped memory) */
+		ck_assert_uint_eq(pat_bad(a, asz, 1) + pat_bad(c, asz, 3), 0);
+		ck_assert_int_eq(cuvmm_free(pool, a), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free(pool, c), CUVMM_OK);
+		trim_ok(pool, 0); /* no slack again: the bump is tried */
+	}
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
 }
 END_TEST
 
@@ -1586,7 +1641,7 @@ END_TEST
 /*
  * The case where "held <= live + one granule per allocation" cannot hold: a free run made of 16-granule chunks
  * (what a fresh allocation of 256 granules maps) serves a 241-granule allocation by extending it to its
- * chunk's end (cut_len in pool.c: up to max(1, k/16) granules), and the whole chunk stays held while the
+ * chunk's end (cut_len in pool_place.c: up to max(1, k/16) granules), and the whole chunk stays held while the
  * allocation lives.
  */
 START_TEST(test_idle_bound_cut_extension)
@@ -1619,7 +1674,7 @@ END_TEST
  * live stays small. Once as a tight loop (the allocating thread keeps the pool busy, the background thread
  * rarely gets in), once paced (2 ms between steps, as if kernels were launched in between).
  */
-static void slack_run(bool paced, double *pool_ratio, double *dev_ratio, uint64_t *held_after_trim)
+static void slack_run(bool paced, int64_t delay_ms, double *pool_ratio, double *dev_ratio, uint64_t *held_after_trim)
 {
 	struct cuvmm_config cfg;
 	struct cuvmm_ctx *ctx;
@@ -1632,7 +1687,7 @@ static void slack_run(bool paced, double *pool_ratio, double *dev_ratio, uint64_
 	/* A cap well above what a working pool needs (peak live is about 430 MiB), so that a pool whose slack
 	 * piles up fails this test without taking the machine's memory. */
 	tc_config(&cfg);
-	cfg.release_delay_ms = 10000;
+	cfg.release_delay_ms = delay_ms;
 	cfg.background_release = true;
 	cfg.retain_bytes = 0;
 	cfg.device_limit_bytes = 1536 * TC_MiB;
@@ -1654,8 +1709,8 @@ static void slack_run(bool paced, double *pool_ratio, double *dev_ratio, uint64_
 	cs = tc_ctx_stats(ctx);
 	*pool_ratio = (double)ps.peak_held_bytes / (double)ps.peak_live_bytes;
 	*dev_ratio = (double)cs.peak_held_bytes / (double)cs.peak_live_bytes;
-	printf("slack bound, %s: peak live %llu MiB; peak held %llu MiB in the pool (%.3f), %llu MiB on the device "
-	       "(%.3f); %llu creates, %llu unmaps, %llu ms\n", paced ? "paced" : "tight loop",
+	printf("slack bound, %s, delay %lld ms: peak live %llu MiB; peak held %llu MiB in the pool (%.3f), %llu MiB on the device "
+	       "(%.3f); %llu creates, %llu unmaps, %llu ms\n", paced ? "paced" : "tight loop", (long long)delay_ms,
 	       U(ps.peak_live_bytes >> 20), U(ps.peak_held_bytes >> 20), *pool_ratio, U(cs.peak_held_bytes >> 20),
 	       *dev_ratio, U(cs.create_calls), U(cs.unmap_calls), U(tc_now_ms() - t0));
 	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
@@ -1678,8 +1733,8 @@ START_TEST(test_slack_bound)
 	double tp, td, pp, pd, bound;
 	uint64_t th, ph;
 
-	slack_run(false, &tp, &td, &th);
-	slack_run(true, &pp, &pd, &ph);
+	slack_run(false, 10000, &tp, &td, &th);
+	slack_run(true, 10000, &pp, &pd, &ph);
 	/* peak live 8.5 + 100 and 8.5 + 99 granules: (216 + 2) * 1.25 + 16 + 8 granules */
 	bound = (218.0 * 1.25 + 24.0) / 216.0;
 	ck_assert_msg(pp <= bound && pd <= bound, "paced: peak held / peak live = %.3f (pool), %.3f (device), bound %.3f",
@@ -1688,6 +1743,28 @@ START_TEST(test_slack_bound)
 		      "bound %.3f", tp, td, bound);
 	ck_assert_msg(th == 0 && ph == 0, "after trim(pool, 0) with nothing live, still held: %llu (tight), %llu "
 		      "(paced) bytes", U(th), U(ph));
+}
+END_TEST
+
+/*
+ * The same bound with a release delay shorter than the run (10 ms; paced at 2 ms a step, and a tight loop), so that runs
+ * fall due while the pool is busy: they are unmapped in the same batches as slack over the cap (at most 16
+ * granules detached per pass while allocations map), never in one go next to fresh mappings, so a shorter
+ * delay holds no more than a long one.
+ */
+START_TEST(test_slack_bound_short_delay)
+{
+	double pp, pd, tp, td, bound = (218.0 * 1.25 + 24.0) / 216.0;
+	uint64_t ph, th;
+
+	slack_run(true, 10, &pp, &pd, &ph);
+	slack_run(false, 10, &tp, &td, &th);
+	ck_assert_msg(pp <= bound && pd <= bound, "paced, 10 ms: peak held / peak live = %.3f (pool), %.3f (device), "
+		      "bound %.3f", pp, pd, bound);
+	ck_assert_msg(tp <= bound && td <= bound, "tight loop, 10 ms: peak held / peak live = %.3f (pool), %.3f "
+		      "(device), bound %.3f", tp, td, bound);
+	ck_assert_msg(ph == 0 && th == 0, "after trim(pool, 0) with nothing live, still held: %llu, %llu bytes",
+		      U(ph), U(th));
 }
 END_TEST
 
@@ -1708,7 +1785,7 @@ START_TEST(test_stream_reuse_large)
 	ctx = new_ctx(-1, false, 0, 0);
 	pool = new_pool(ctx, 0);
 	g = gran_of(ctx);
-	size = 4 * g;
+	size = 36 * g; /* above the packer's limit (test_stream_reuse_packed does packed ones) */
 	s1 = new_stream(0);
 	s2 = new_stream(1);
 	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &x), CUVMM_OK);
@@ -1733,12 +1810,13 @@ START_TEST(test_stream_reuse_large)
 			ck_assert_msg(!overlaps((uintptr_t)got[i], len[i], (uintptr_t)x, size),
 				      "allocation %d got memory freed on another stream whose work has not completed", i);
 	}
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 3 * g);
+	/* t and u are packed: u goes into the tail of t's second granule */
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 2 * g);
 	cvm_host_gate_open();
 	/* Completed: anyone may have it. */
 	ck_assert_int_eq(cuvmm_malloc(pool, size, &r), CUVMM_OK);
 	ck_assert_ptr_eq(r, x);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 3 * g);
+	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 2 * g);
 	{
 		void *const all[] = {z, w, v, t, u, r};
 
@@ -1858,6 +1936,72 @@ START_TEST(test_stream_slab_from_pending_run)
 		for (int i = 0; i < 4; i++)
 			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
 	}
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
+ * Packed allocations share granules, so memory freed on s1 stays taken until its event completes, but s1
+ * itself may reuse it at once (the API's promise for cuvmm_free_async): an allocation of the same packed
+ * length on s1 gets the same address; other streams and stream-less allocations do not.
+ */
+START_TEST(test_stream_reuse_packed)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool;
+	CUstream s1, s2;
+	size_t g, size;
+	void *x, *nb, *y, *y2, *z, *w, *v;
+
+	if (!tc_on_host())
+		return; /* needs the gate */
+	ctx = new_ctx(-1, false, 0, 0);
+	pool = new_pool(ctx, 0);
+	g = gran_of(ctx);
+	size = 2 * g + 1000; /* packed: 2 granules and 1024 bytes */
+	ck_assert_uint_le(size, pack_max_of(g));
+	s1 = new_stream(0);
+	s2 = new_stream(1);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &x), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &nb), CUVMM_OK); /* on x's last granule */
+	ck_assert_uint_eq(((uintptr_t)nb - 1) / g, ((uintptr_t)x + size) / g);
+	ck_assert_int_eq(pat_fill(nb, size, 7), 0);
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_free_async(pool, x, s1), CUVMM_OK);
+	ck_assert_uint_eq(pool_st(pool).live_bytes, size);
+	/* On the freeing stream: at once, the same length (1000 and 900 bytes past 2 granules are both 1024). */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size - 100, s1, &y), CUVMM_OK);
+	ck_assert_ptr_eq(y, x);
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 2 * size - 100);
+	ck_assert_int_eq(cuvmm_free_async(pool, y, s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &y2), CUVMM_OK);
+	ck_assert_ptr_eq(y2, x);
+	ck_assert_int_eq(cuvmm_free_async(pool, y2, s1), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free_async(pool, y2, s1), CUVMM_EINVAL); /* freed already (pending) */
+	/* Anywhere else: not while the freeing work may still run. */
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s2, &z), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(pool, size, &w), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc_async(pool, size, NULL, &v), CUVMM_OK);
+	{
+		void *const got[] = {z, w, v};
+
+		for (int i = 0; i < 3; i++)
+			ck_assert_msg(!overlaps((uintptr_t)got[i], size, (uintptr_t)x, size),
+				      "allocation %d (%p) got packed memory freed on another stream whose work has not "
+				      "completed (%p)", i, got[i], x);
+	}
+	ck_assert_uint_eq(pat_bad(nb, size, 7), 0);
+	cvm_host_gate_open();
+	{
+		void *const all[] = {nb, z, w, v};
+
+		for (int i = 0; i < 4; i++)
+			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
+	}
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
 	trim_ok(pool, 0);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
 	cuvmm_pool_destroy(pool);
@@ -2477,6 +2621,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_fault_unmap);
 	tcase_add_test(tc, test_fault_release);
 	tcase_add_test(tc, test_fault_compose);
+	tcase_add_test(tc, test_fault_pack_bump);
 
 	tc = new_tcase(s, "placement");
 	tcase_add_test(tc, test_seg_first);
@@ -2496,11 +2641,13 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_idle_bound);
 	tcase_add_test(tc, test_idle_bound_cut_extension);
 	tcase_add_test(tc, test_slack_bound);
+	tcase_add_test(tc, test_slack_bound_short_delay);
 
 	tc = new_tcase(s, "streams");
 	tcase_add_test(tc, test_stream_reuse_large);
 	tcase_add_test(tc, test_stream_reuse_small);
 	tcase_add_test(tc, test_stream_slab_from_pending_run);
+	tcase_add_test(tc, test_stream_reuse_packed);
 
 	tc = new_tcase(s, "threads");
 	tcase_add_test(tc, test_threads);

@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "common.h"
-#include "drv.h"
+#include "drv_test.h"
 #include "gpu.h"
 #include "region.h"
 

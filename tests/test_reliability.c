@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "drv.h"
+#include "drv_test.h"
 
 #define G (2 * TC_MiB)
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "drv.h"
+#include "drv_test.h"
 #include "gpu.h"
 
 #define G (2 * TC_MiB) /* the granularity on both backends (host default, H200) */

@@ -315,8 +315,10 @@ static void op_region(struct model *m, struct input *in, int op)
 
 static void op_malloc(struct model *m, struct input *in)
 {
+	/* Slab sizes up to GRAN / 4; packed ones (byte ranges sharing granules) up to 32 granules; one above
+	 * (whole granules); one beyond the pool. */
 	static const size_t sizes[] = {1, 255, 256, 4000, 16 << 10, GRAN - 1, GRAN, GRAN + 1, 3 * GRAN, 7 * GRAN + 5,
-				       (P_PAGES + 1) * GRAN};
+				       33 * GRAN + 5, (P_PAGES + 1) * GRAN};
 	size_t size = sizes[u8(in) % (sizeof(sizes) / sizeof(sizes[0]))];
 	bool async = u8(in) & 1;
 	void *p = NULL;

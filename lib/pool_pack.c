@@ -1,0 +1,232 @@
+/*
+ * The pool's packed allocations (above the slab limit, up to CVM_PACK_MAX_GRANULES granules): the pool side
+ * of pack.h. The packer places byte ranges; this file gives it granules from the run layer (one PACK run per
+ * chunk) and takes back, as FREE memory behind the usual fences, the runs on which no live byte is left.
+ * Stream frees wait in the deferred queue (pool_slab.c) for their event, and are reused at once by an
+ * allocation of the same length on the same stream.
+ */
+#include <stdlib.h>
+
+#include "pool_int.h"
+
+/* May the packer extend over granules [g, g + n): the start of a VA run or of a settled FREE run of small
+ * chunks, at least n long? */
+static bool pack_avail(void *arg, size_t g, size_t n)
+{
+	struct cuvmm_pool *p = arg;
+	struct cvm_run *run = p->edge[g];
+
+	if (!run || run->start != g || run->len < n)
+		return false;
+	/* Fresh memory only while the pool has no slack: where memory is being freed (a KV cache growing
+	 * buffers), the bump would map ahead while FREE memory piles up behind it; cvm_get_run reuses it. */
+	if (run->kind == CVM_RUN_VA)
+		return p->free_bytes == 0;
+	return run->kind == CVM_RUN_FREE && !run->fence.ev && cvm_cut_len(p, run, n) == n;
+}
+
+/* Give the wholly empty PACK runs of granules [g0, g0 + n) back as one FREE run, freed at `freed_ns`, fenced
+ * by the device epoch, or settled (`settled`: a stream free whose event has completed). */
+static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settled, uint64_t freed_ns)
+{
+	struct cvm_run *run = NULL, *next;
+	size_t g = g0;
+
+	/* The run holding g0 may start before it (a chunk of several granules). */
+	while (!p->edge[g] || (p->edge[g]->start != g && p->edge[g]->start + p->edge[g]->len - 1 != g))
+		g--;
+	g = p->edge[g]->start;
+	for (; g < g0 + n; g = next->start + next->len) {
+		bool empty = true;
+
+		next = p->edge[g];
+		for (size_t i = g; i < g + next->len && empty; i++)
+			empty = !cvm_pack_holds(&p->pack, i);
+		if (!empty)
+			continue; /* a chunk still partly live (the first or the last) */
+		if (!run) {
+			run = next;
+			continue;
+		}
+		cvm_edges_clear(p, run);
+		cvm_edges_clear(p, next);
+		run->len += next->len;
+		cvm_edges_set(p, run);
+		free(next);
+		next = run;
+	}
+	if (!run)
+		return;
+	/* As cvm_run_release, but a stream free whose event has completed needs no device synchronisation. */
+	cvm_fp_add(p, run->len, false);
+	run->kind = CVM_RUN_FREE;
+	run->freed_ns = freed_ns;
+	cvm_fence_clear(&p->r.dev->fence, &run->fence);
+	if (!settled)
+		cvm_fence_set_epoch(&p->r.dev->fence, &run->fence);
+	cvm_free_link(p, run);
+	cvm_coalesce(p, run);
+}
+
+/* Make `run` (mapped, edges set, in no index, no live byte of the packer on it) the packer's: one PACK run
+ * per chunk, so that each goes back alone once empty. On failure (no memory for the bookkeeping) all of it is
+ * FREE memory again. */
+static int pack_own(struct cuvmm_pool *p, struct cvm_run *run)
+{
+	size_t g0 = run->start, n = run->len;
+
+	run->kind = CVM_RUN_PACK;
+	cvm_fp_add(p, run->len, true);
+	for (;;) {
+		size_t span = cvm_region_chunk_end_locked(&p->r, run->start) - run->start;
+
+		if (span >= run->len)
+			return CUVMM_OK;
+		if (!cvm_split_front(p, run, span)) {
+			/* The chunks split off so far are empty PACK runs too: all of it goes back. */
+			pack_give_back(p, g0, n, false, cvm_now_ns());
+			return CUVMM_ENOMEM;
+		}
+	}
+}
+
+/* Take granules [g, g + n) for the packer: a VA run is mapped, a FREE run taken as it is (pack_avail). */
+static int pack_take(struct cuvmm_pool *p, size_t g, size_t n)
+{
+	struct cvm_run *run = p->edge[g], *piece;
+	int err;
+
+	if (run->kind == CVM_RUN_VA) {
+		cvm_bin_remove(p, run);
+		piece = cvm_split_front(p, run, n);
+		if (!piece) {
+			cvm_bin_insert(p, run);
+			return CUVMM_ENOMEM;
+		}
+		if (piece != run)
+			cvm_bin_insert(p, run);
+		err = cvm_region_map_locked(&p->r, g, n, 0);
+		if (err) {
+			piece->kind = CVM_RUN_VA;
+			cvm_bin_insert(p, piece);
+			cvm_coalesce(p, piece);
+			return err;
+		}
+	} else {
+		cvm_free_unlink(p, run);
+		piece = cvm_split_front(p, run, n);
+		if (!piece) {
+			cvm_free_link(p, run);
+			return CUVMM_ENOMEM;
+		}
+		if (piece != run)
+			cvm_free_link(p, run);
+	}
+	return pack_own(p, piece);
+}
+
+/* Take a packed allocation out of the packer and give back the granules it emptied: idle since the free (a
+ * stream free's settles later: the release delay counts from the free, as for a run). */
+static void pack_release(struct cuvmm_pool *p, struct cvm_pack_alloc *x, bool settled)
+{
+	uint64_t freed_ns = x->pending ? x->freed_ns : cvm_now_ns();
+	size_t g0, n;
+
+	cvm_pack_remove(&p->pack, x, &g0, &n);
+	free(x);
+	if (n)
+		pack_give_back(p, g0, n, settled, freed_ns);
+}
+
+/* ----- entry points of the pool's files ----- */
+
+int cvm_pool_pack_init(struct cuvmm_pool *p)
+{
+	p->pack_max = p->small_max ? (size_t)CVM_PACK_MAX_GRANULES << p->r.gshift : 0;
+	return cvm_pack_init(&p->pack, p->r.npages, p->r.gshift);
+}
+
+void cvm_pool_pack_fini(struct cuvmm_pool *p)
+{
+	cvm_pack_fini(&p->pack);
+}
+
+struct cvm_pack_alloc *cvm_pool_pack_find(struct cuvmm_pool *p, uintptr_t a)
+{
+	return p->pack_max ? cvm_pack_find(&p->pack, a - p->r.base) : NULL;
+}
+
+int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr)
+{
+	struct cvm_pack_alloc *x;
+	struct cvm_pack_plan plan;
+	struct cvm_run *run;
+	size_t len = cvm_pack_len(bytes);
+	int err = CUVMM_OK;
+
+	/* Stream-ordered reuse: an allocation of this length freed on this very stream is ready for it now
+	 * (still in the packer, its bytes taken: pending). */
+	x = stream ? cvm_dq_take_packed(p, stream, len) : NULL;
+	if (x) {
+		x->pending = false;
+		x->bytes = bytes;
+		goto done;
+	}
+	x = calloc(1, sizeof(*x));
+	if (!x)
+		return CUVMM_ENOMEM;
+	x->len = len;
+	x->bytes = bytes;
+	cvm_pack_plan(&p->pack, x->len, pack_avail, p, &plan);
+	if (!plan.fresh && plan.ng && pack_take(p, plan.g0, plan.ng)) {
+		/* The bump failed (no memory, or a refused map): the way every allocation goes, on granules
+		 * of its own (the bump's ng counted only those past the cursor's last one). */
+		plan.fresh = true;
+		plan.ng = (x->len + p->r.gran - 1) >> p->r.gshift;
+	}
+	if (plan.fresh) {
+		/* Not a stream's: other allocations will share its granules. */
+		err = cvm_get_run(p, plan.ng, NULL, true, &run);
+		if (!err) {
+			plan.off = cvm_gbytes(p, run->start);
+			err = pack_own(p, run);
+		}
+		if (err) {
+			free(x);
+			return err;
+		}
+	}
+	x->off = plan.off;
+	cvm_pack_insert(&p->pack, x, plan.fresh || plan.ng);
+done:
+	cvm_pool_live_add(p, (int64_t)bytes);
+	*ptr = (void *)(p->r.base + x->off);
+	return CUVMM_OK;
+}
+
+void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, const struct cvm_fence *f)
+{
+	struct cvm_fence w;
+
+	cvm_pool_live_add(p, -(int64_t)x->bytes);
+	if (!f) {
+		pack_release(p, x, false);
+		return;
+	}
+	/* Its bytes share granules with other allocations: they stay taken until the event completes
+	 * (cvm_slab_drain), except for a later allocation of the same length on the same stream. */
+	x->pending = true;
+	x->freed_ns = cvm_now_ns();
+	if (cvm_dq_add(p, (uintptr_t)(p->r.base + x->off), x, f))
+		return;
+	/* No memory to remember the fence: wait for it instead. */
+	w = *f;
+	cvm_fence_wait(&p->r.dev->fence, &w);
+	cvm_fence_clear(&p->r.dev->fence, &w);
+	pack_release(p, x, true);
+}
+
+void cvm_pool_pack_settled(struct cuvmm_pool *p, struct cvm_pack_alloc *x)
+{
+	pack_release(p, x, true);
+}
