@@ -665,7 +665,7 @@ CUVMM_API int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids);
  * @param[in] ids the ids; every one must be allocated and appear once, else nothing is freed
  * @param[in] stream the work that may still read or write the blocks
  * @return CUVMM_OK; CUVMM_EINVAL for a NULL argument, n == 0, or a bad list; CUVMM_EDRIVER if the fence
- *         could not be recorded (then nothing changed)
+ *         could not be recorded, CUVMM_ENOMEM without memory for it (then nothing changed)
  */
 CUVMM_API int cuvmm_kv_free(struct cuvmm_kv *kv, uint32_t n, const uint32_t *ids, CUstream stream);
 

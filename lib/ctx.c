@@ -113,8 +113,7 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
 		ctx->dev[i].ctx = ctx;
 		ctx->dev[i].index = i;
-		atomic_init(&ctx->dev[i].epoch, 1);
-		atomic_init(&ctx->dev[i].safe_epoch, 1);
+		cvm_fence_dev_init(&ctx->dev[i].fence, &ctx->drv, i);
 		/* No attributes: these cannot fail on Linux, as the other mutexes of the library. */
 		pthread_mutex_init(&ctx->dev[i].pass_lock, NULL);
 		pthread_mutex_init(&ctx->dev[i].regions_lock, NULL);
@@ -135,6 +134,7 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 
 fail_devs:
 	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
+		cvm_fence_dev_fini(&ctx->dev[i].fence);
 		pthread_mutex_destroy(&ctx->dev[i].pass_lock);
 		pthread_mutex_destroy(&ctx->dev[i].regions_lock);
 	}
@@ -182,6 +182,7 @@ void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx)
 	}
 	cvm_pub_close(ctx);
 	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
+		cvm_fence_dev_fini(&ctx->dev[i].fence); /* its cached events: none on a device never opened */
 		if (atomic_load(&ctx->dev[i].opened)) {
 			cvm_phys_fini(&ctx->dev[i].phys);
 			cvm_drv_device_close(&ctx->drv, i);
@@ -332,17 +333,12 @@ int cvm_dev_sync(struct cvm_dev *dev)
 
 int cvm_dev_sync_epoch(struct cvm_dev *dev)
 {
-	uint64_t e = atomic_fetch_add(&dev->epoch, 1) + 1;
-	uint64_t cur;
+	uint64_t e = cvm_fence_sync_begin(&dev->fence);
 	int err = cvm_dev_sync(dev);
 
-	if (err)
-		return err;
-	/* Racing syncs: keep the highest. */
-	cur = atomic_load(&dev->safe_epoch);
-	while (cur < e && !atomic_compare_exchange_weak(&dev->safe_epoch, &cur, e))
-		;
-	return CUVMM_OK;
+	if (!err)
+		cvm_fence_sync_end(&dev->fence, e);
+	return err;
 }
 
 void cvm_ctx_add_client(struct cuvmm_ctx *ctx, struct cvm_client *c)

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 
 #include "drv.h"
+#include "fence.h"
 #include "graph.h"
 #include "phys.h"
 #include "policy.h"
@@ -26,9 +27,7 @@ struct cvm_dev {
 	struct cvm_drv_counters cnt; /* every driver call made for this device */
 	struct cvm_acct acct;        /* every byte on this device */
 	struct cvm_phys phys;
-	/* Device-wide fences for memory freed without a stream: a free is tagged with `epoch`; once a device
-	 * synchronisation that started after the free has returned, safe_epoch exceeds the tag. */
-	_Atomic uint64_t epoch, safe_epoch;
+	struct cvm_fence_dev fence; /* its epochs and event cache: every fence of the device's objects (fence.h) */
 	/* Peer access (region.c): every region of this device's memory (pools' and kv objects' included), and
 	 * the devices that cuvmm_ctx_add_peer gave access to it, under regions_lock (taken before a region's). */
 	pthread_mutex_t regions_lock;
@@ -40,16 +39,13 @@ struct cvm_dev {
  * measured on it so far. */
 uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks);
 
-/* Synchronise the device (call with no lock held) and advance safe_epoch past every earlier free.
+/* Synchronise the device (call with no lock held) and advance its safe epoch past every earlier free
+ * (cvm_fence_sync_begin/end): epoch fences taken before then complete.
  * CUVMM_EBUSY, with no driver call, while a stream capture the library has seen is under way on the device
  * (synchronising would invalidate it): the caller leaves what needed the synchronisation for later. */
 int cvm_dev_sync_epoch(struct cvm_dev *dev);
 /* The same without the epoch: every device synchronisation of the library goes through one of these two. */
 int cvm_dev_sync(struct cvm_dev *dev);
-static inline bool cvm_dev_epoch_safe(struct cvm_dev *dev, uint64_t tag)
-{
-	return tag < atomic_load_explicit(&dev->safe_epoch, memory_order_acquire);
-}
 
 /*
  * An object that can give memory back (region, pool, kv). reclaim() unmaps what has been free long enough

@@ -12,12 +12,6 @@
 #define NONE UINT32_MAX
 #define CVM_KV_AHEAD 2 /* empty pages kept mapped ahead of demand while allocation is active */
 
-struct cvm_kv_fence {
-	cvm_event ev;
-	uint32_t refs;
-	bool done;
-};
-
 static size_t page_shift(const struct cuvmm_kv *kv)
 {
 	return kv->t[0].gshift;
@@ -101,12 +95,9 @@ static uint32_t fullest(struct cuvmm_kv *kv)
 
 /* ----- mapping pages in every tensor ----- */
 
-static void fence_put(struct cuvmm_kv *kv, struct cvm_kv_fence *f)
+static void fence_put(struct cuvmm_kv *kv, struct cvm_fence *f)
 {
-	if (f && --f->refs == 0) {
-		cvm_drv_event_destroy(CVM_DRV(kv->dev), kv->dev->index, f->ev);
-		free(f);
-	}
+	cvm_fence_unref(&kv->dev->fence, f);
 }
 
 /* Undo of a failed call: unmap page p of tensors [0, n) at once (nothing used it), giving chunks this call
@@ -187,26 +178,23 @@ static uint32_t unmapped_page(struct cuvmm_kv *kv)
 	return NONE;
 }
 
-/* A page becomes empty (refs 0): it stays mapped, fenced, until the idle delay passes. */
-static void page_emptied(struct cuvmm_kv *kv, uint32_t p, struct cvm_kv_fence *f, uint64_t now)
+/* A page becomes empty (refs 0): it stays mapped, fenced by f, until the idle delay passes. f NULL: blocks a
+ * failed call took and gives back, which no work touched: the page keeps the fence it had. */
+static void page_emptied(struct cuvmm_kv *kv, uint32_t p, struct cvm_fence *f, uint64_t now)
 {
 	struct cvm_kv_page *pg = &kv->pg[p];
 
 	pg->empty_ns = now;
-	pg->epoch = f ? 0 : atomic_load(&kv->dev->epoch);
-	pg->fence = f;
-	if (f)
-		f->refs++;
+	if (f) {
+		fence_put(kv, pg->fence);
+		pg->fence = cvm_fence_ref(f);
+	}
 	kv->empty_pages++;
 }
 
-/* A page gains its first block again: no longer empty. */
-static void page_filled(struct cuvmm_kv *kv, uint32_t p)
+/* A page gains its first block again: no longer empty (its fence stays until it empties again). */
+static void page_filled(struct cuvmm_kv *kv)
 {
-	struct cvm_kv_page *pg = &kv->pg[p];
-
-	fence_put(kv, pg->fence);
-	pg->fence = NULL;
 	kv->empty_pages--;
 }
 
@@ -226,13 +214,12 @@ static int take_block(struct cuvmm_kv *kv, uint32_t b, uint32_t *newp, uint32_t 
 			return err;
 		newp[(*nnew)++] = q;
 		kv->pg[q].empty_ns = cvm_now_ns();
-		kv->pg[q].epoch = 0;
 		kv->empty_pages++;
 		bucket_insert(kv, q);
 	}
 	for (uint32_t q = first; q <= last; q++) {
 		if (kv->pg[q].refs++ == 0)
-			page_filled(kv, q);
+			page_filled(kv);
 	}
 	home = first;
 	bucket_remove(kv, home);
@@ -243,7 +230,7 @@ static int take_block(struct cuvmm_kv *kv, uint32_t b, uint32_t *newp, uint32_t 
 }
 
 /* Give block b back (its pages stay mapped). */
-static void put_block(struct cuvmm_kv *kv, uint32_t b, struct cvm_kv_fence *f, uint64_t now)
+static void put_block(struct cuvmm_kv *kv, uint32_t b, struct cvm_fence *f, uint64_t now)
 {
 	uint32_t first, last;
 
@@ -460,7 +447,6 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 			kv->backings++;
 			newp[nnew++] = p;
 			kv->pg[p].empty_ns = t0;
-			kv->pg[p].epoch = 0;
 			kv->empty_pages++;
 			bucket_insert(kv, p);
 		}
@@ -504,7 +490,7 @@ int cuvmm_kv_alloc(struct cuvmm_kv *kv, uint32_t n, uint32_t *ids)
 
 int cuvmm_kv_free(struct cuvmm_kv *kv, uint32_t n, const uint32_t *ids, CUstream stream)
 {
-	struct cvm_kv_fence *f = NULL;
+	struct cvm_fence *f = NULL;
 	uint64_t now;
 	uint32_t i;
 	int err = CUVMM_OK;
@@ -524,23 +510,19 @@ int cuvmm_kv_free(struct cuvmm_kv *kv, uint32_t n, const uint32_t *ids, CUstream
 		set_busy(kv, ids[i], true);
 	if (err)
 		goto out;
-	if (stream) {
-		f = calloc(1, sizeof(*f));
-		if (!f) {
-			err = CUVMM_ENOMEM;
-			goto out;
-		}
-		err = cvm_drv_event_create(CVM_DRV(kv->dev), kv->dev->index, &f->ev);
-		if (!err) {
-			err = cvm_drv_event_record(CVM_DRV(kv->dev), kv->dev->index, f->ev, stream);
-			if (err)
-				cvm_drv_event_destroy(CVM_DRV(kv->dev), kv->dev->index, f->ev);
-		}
-		if (err) {
-			free(f);
-			goto out;
-		}
-		f->refs = 1; /* this call's reference, dropped below */
+	/* One fence shared by the pages this call empties: an event on the stream, or the device epoch. */
+	f = cvm_fence_new();
+	if (!f) {
+		err = CUVMM_ENOMEM;
+		goto out;
+	}
+	if (stream)
+		err = cvm_fence_record(&kv->dev->fence, f, stream);
+	else
+		cvm_fence_set_epoch(&kv->dev->fence, f);
+	if (err) {
+		fence_put(kv, f);
+		goto out;
 	}
 	now = cvm_now_ns();
 	for (i = 0; i < n; i++)
@@ -555,18 +537,14 @@ out:
 	return err;
 }
 
-/* Is an empty page safe to unmap? Queries its event; `sync` is set when a device synchronisation would
- * make it safe. */
+/* Is an empty page safe to unmap? Asks its fence; `sync` is set when a device synchronisation would make it
+ * safe (an epoch fence). */
 static bool page_safe(struct cuvmm_kv *kv, struct cvm_kv_page *pg, bool *sync)
 {
-	if (pg->fence) {
-		if (!pg->fence->done)
-			pg->fence->done = cvm_drv_event_done(CVM_DRV(kv->dev), kv->dev->index, pg->fence->ev) > 0;
-		return pg->fence->done;
-	}
-	if (cvm_dev_epoch_safe(kv->dev, pg->epoch) || pg->epoch == 0)
+	if (!pg->fence || cvm_fence_done(&kv->dev->fence, pg->fence) > 0)
 		return true;
-	*sync = true;
+	if (!pg->fence->ev)
+		*sync = true;
 	return false;
 }
 
@@ -622,7 +600,6 @@ static uint64_t kv_reclaim(struct cvm_client *c, uint64_t now, bool force)
 		kv->pg[p].mapped = true;
 		kv->mapped_pages++;
 		kv->pg[p].empty_ns = now;
-		kv->pg[p].epoch = 0;
 		kv->empty_pages++;
 		bucket_insert(kv, p);
 	}
@@ -642,7 +619,7 @@ again:
 			continue;
 		}
 		if (!page_safe(kv, pg, &sync)) {
-			if (pg->fence && now + CVM_FENCE_POLL_NS < next)
+			if (pg->fence->ev && now + CVM_FENCE_POLL_NS < next)
 				next = now + CVM_FENCE_POLL_NS;
 			continue;
 		}

@@ -19,16 +19,16 @@
 
 #define CVM_KV_MAX_TENSORS 65536 /* cuvmm_kv_config.tensors at most (documented in cuvmm.h) */
 
-struct cvm_kv_fence; /* an event shared by the pages one cuvmm_kv_free call emptied */
-
 struct cvm_kv_page {
 	uint32_t used;          /* allocated home blocks */
 	uint32_t refs;          /* allocated blocks touching the page */
 	uint32_t cap;           /* home blocks */
 	bool mapped;
 	uint64_t empty_ns;      /* mapped and refs == 0 since */
-	uint64_t epoch;         /* device epoch of the free that emptied it (no stream) */
-	struct cvm_kv_fence *fence;
+	/* The fence of the free that last emptied it (fence.h: an event, or the device epoch without a stream),
+	 * shared by the pages that free emptied; NULL: nothing to wait for. Kept while the page is in use, so
+	 * that a failed call that takes blocks and gives them back leaves it as it was. */
+	struct cvm_fence *fence;
 	uint32_t bnext, bprev;  /* occupancy bucket list (page indices; UINT32_MAX: none) */
 	bool in_bucket;
 	bool mapping;           /* being mapped ahead by the background pass, without the kv lock */

@@ -120,7 +120,7 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 
 		if (run->kind == CVM_RUN_SLAB)
 			free(run->slab);
-		cvm_region_event_put_locked(&p->r, run->ev);
+		cvm_fence_clear(&p->r.dev->fence, &run->fence);
 		free(run);
 		g += len;
 	}
@@ -244,7 +244,7 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 	uintptr_t a = (uintptr_t)ptr;
 	struct cvm_pack_alloc *x;
 	struct cvm_run *run;
-	cvm_event ev = NULL;
+	struct cvm_fence fence, *f = NULL;
 	uint64_t cap = 0;
 	size_t g;
 	int err = CUVMM_OK;
@@ -292,25 +292,21 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 	}
 	run = p->edge[g];
 	if (async && stream) {
-		/* Fence the free on the stream; on failure nothing has changed yet. */
-		err = cvm_region_event_get_locked(&p->r, &ev);
-		if (!err) {
-			/* cap is 0: the stream was seen not capturing above. */
-			err = cvm_drv_event_record_uncaptured(CVM_DRV(p->r.dev), p->r.dev->index, ev, stream);
-			if (err)
-				cvm_region_event_put_locked(&p->r, ev);
-		}
+		/* Fence the free on the stream; on failure nothing has changed yet. cap is 0: the stream was
+		 * seen not capturing above. */
+		err = cvm_fence_record_uncaptured(&p->r.dev->fence, &fence, stream);
 		if (err)
 			goto out;
+		f = &fence;
 	}
 	x = cvm_pool_pack_find(p, a);
 	if (x) {
-		cvm_pool_pack_free(p, x, stream, ev);
+		cvm_pool_pack_free(p, x, f);
 	} else if (run->kind == CVM_RUN_SLAB) {
-		cvm_slab_free(p, a, stream, ev);
+		cvm_slab_free(p, a, f);
 	} else {
 		cvm_pool_live_add(p, -(int64_t)run->bytes);
-		cvm_run_release(p, run, stream, ev);
+		cvm_run_release(p, run, f);
 	}
 out:
 	kick = !err && p->free_bytes > cvm_slack_cap(p);

@@ -17,8 +17,8 @@
  * it has been free for release_delay_ms, or early when the slack exceeds a quarter of the recent peak
  * footprint, by the reclaim pass with the pool's lock dropped (doc/design.md, "Pools").
  *
- * Frees without a stream are fenced device-wide (epoch tags, see ctx.h); frees on a stream carry an
- * event and are reusable at once on that stream, on others once the event has completed.
+ * Frees without a stream are fenced device-wide (an epoch fence, fence.h); frees on a stream carry an
+ * event fence and are reusable at once on that stream, on others once the event has completed.
  *
  * This header is the pool's struct, for the layers that reach it (graph.c, torch.c). The functions the
  * pool's own files share, and which file does what, are in pool_int.h.
@@ -40,9 +40,9 @@ struct cvm_run {
 	uint8_t bin;                 /* FREE: the bin it is in */
 	size_t bytes;                /* USED: bytes handed out */
 	uint64_t freed_ns;           /* FREE: when it was last freed */
-	uint64_t epoch;              /* FREE: device epoch of a stream-less free; 0 when known safe */
-	CUstream stream;             /* FREE: freed on this stream, ev not yet complete */
-	cvm_event ev;                /* FREE: completes with the work that freed it; NULL once settled */
+	/* FREE: the fence of the free (fence.h): an event on the stream it was freed on until it has completed
+	 * and the run is settled (fence.ev NULL once settled), or the device epoch of a free without a stream. */
+	struct cvm_fence fence;
 	struct cvm_run *bnext, *bprev; /* FREE: bin list */
 	struct cvm_run *lnext, *lprev; /* FREE: age list (settled runs, oldest first) or pending list */
 	struct cvm_slab *slab;       /* SLAB */

@@ -73,8 +73,9 @@ struct cvm_run *cvm_split_front(struct cuvmm_pool *p, struct cvm_run *run, size_
 bool cvm_free_usable(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream);
 /* Settle up to `max` pending FREE runs whose events have completed. */
 void cvm_settle_pending(struct cuvmm_pool *p, int max);
-/* A USED or SLAB run becomes FREE after a free, fenced by `ev` on `stream` or by the device epoch. */
-void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream, cvm_event ev);
+/* A USED or SLAB run becomes FREE after a free, fenced by f (an event fence, taken over) or, f NULL, by the
+ * device epoch. */
+void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, const struct cvm_fence *f);
 
 /* ----- pool_place.c ----- */
 
@@ -94,18 +95,18 @@ size_t cvm_cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k);
 void cvm_slab_setup(struct cuvmm_pool *p);
 /* A small allocation (bytes <= small_max). */
 int cvm_slab_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr);
-/* Free the live small allocation at `a`: at once, or, with `ev` (recorded on `stream`, taken over), once
- * the event has completed. */
-void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, CUstream stream, cvm_event ev);
+/* Free the live small allocation at `a`: at once, or, with f (an event fence, taken over), once it has
+ * completed (at once for work on its stream). */
+void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, const struct cvm_fence *f);
 /* The class size of a live small allocation at `a` (a granule of a SLAB run), or 0 if `a` is not one. */
 size_t cvm_slab_live_bytes(struct cuvmm_pool *p, uintptr_t a);
 /* Complete small and packed stream frees whose events are done (oldest first, at most `max` looked at). */
 void cvm_slab_drain(struct cuvmm_pool *p, int max);
-/* Queue the stream free of packed allocation `x` at `a` until `ev` (recorded on `stream`, taken over) has
- * completed. false: no memory for the entry (nothing queued). */
-bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, CUstream stream, cvm_event ev);
-/* A packed allocation of length `len` freed on `stream` and still queued, taken out of the queue (its event
- * dropped: the stream orders the reuse), or NULL. */
+/* Queue the stream free of packed allocation `x` at `a` until its fence `f` (an event on the stream, taken
+ * over) has completed. false: no memory for the entry (nothing queued). */
+bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, const struct cvm_fence *f);
+/* A packed allocation of length `len` freed on `stream` and still queued, taken out of the queue (its fence
+ * cleared: the stream orders the reuse), or NULL. */
 struct cvm_pack_alloc *cvm_dq_take_packed(struct cuvmm_pool *p, CUstream stream, size_t len);
 /* Drop the queue of stream frees (destroy); the slabs go with their runs, packed allocations with the
  * packer (cvm_pool_pack_fini). */
@@ -122,9 +123,9 @@ struct cvm_pack_alloc *cvm_pool_pack_find(struct cuvmm_pool *p, uintptr_t a);
 /* A packed allocation (small_max < bytes <= pack_max); on `stream` (or NULL), one of the same length freed
  * on that stream is reused at once. */
 int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **ptr);
-/* Free live packed allocation `x`: at once (fenced by the device epoch), or, with `ev` (recorded on `stream`,
- * taken over), its bytes stay taken until the event has completed. */
-void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, CUstream stream, cvm_event ev);
+/* Free live packed allocation `x`: at once (f NULL: fenced by the device epoch), or, with fence `f` (an event
+ * on the freeing stream, taken over), its bytes stay taken until the fence has completed. */
+void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, const struct cvm_fence *f);
 /* A queued stream free of `x` whose event has completed (cvm_slab_drain): its bytes are free. */
 void cvm_pool_pack_settled(struct cuvmm_pool *p, struct cvm_pack_alloc *x);
 

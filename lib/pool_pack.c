@@ -22,7 +22,7 @@ static bool pack_avail(void *arg, size_t g, size_t n)
 	 * buffers), the bump would map ahead while FREE memory piles up behind it; cvm_get_run reuses it. */
 	if (run->kind == CVM_RUN_VA)
 		return p->free_bytes == 0;
-	return run->kind == CVM_RUN_FREE && !run->ev && cvm_cut_len(p, run, n) == n;
+	return run->kind == CVM_RUN_FREE && !run->fence.ev && cvm_cut_len(p, run, n) == n;
 }
 
 /* Give the wholly empty PACK runs of granules [g0, g0 + n) back as one FREE run, freed at `freed_ns`, fenced
@@ -61,9 +61,9 @@ static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settl
 	cvm_fp_add(p, run->len, false);
 	run->kind = CVM_RUN_FREE;
 	run->freed_ns = freed_ns;
-	run->stream = NULL;
-	run->ev = NULL;
-	run->epoch = settled ? 0 : atomic_load(&p->r.dev->epoch);
+	cvm_fence_clear(&p->r.dev->fence, &run->fence);
+	if (!settled)
+		cvm_fence_set_epoch(&p->r.dev->fence, &run->fence);
 	cvm_free_link(p, run);
 	cvm_coalesce(p, run);
 }
@@ -204,10 +204,12 @@ done:
 	return CUVMM_OK;
 }
 
-void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, CUstream stream, cvm_event ev)
+void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, const struct cvm_fence *f)
 {
+	struct cvm_fence w;
+
 	cvm_pool_live_add(p, -(int64_t)x->bytes);
-	if (!ev) {
+	if (!f) {
 		pack_release(p, x, false);
 		return;
 	}
@@ -215,11 +217,12 @@ void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, CUstream
 	 * (cvm_slab_drain), except for a later allocation of the same length on the same stream. */
 	x->pending = true;
 	x->freed_ns = cvm_now_ns();
-	if (cvm_dq_add(p, (uintptr_t)(p->r.base + x->off), x, stream, ev))
+	if (cvm_dq_add(p, (uintptr_t)(p->r.base + x->off), x, f))
 		return;
 	/* No memory to remember the fence: wait for it instead. */
-	cvm_drv_event_sync(CVM_DRV(p->r.dev), p->r.dev->index, ev);
-	cvm_region_event_put_locked(&p->r, ev);
+	w = *f;
+	cvm_fence_wait(&p->r.dev->fence, &w);
+	cvm_fence_clear(&p->r.dev->fence, &w);
 	pack_release(p, x, true);
 }
 

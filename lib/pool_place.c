@@ -240,9 +240,7 @@ static int compose_map(struct cuvmm_pool *p, struct cvm_run *run, struct cvm_run
 	run->len = k;
 	cvm_edges_set(p, run);
 	free(piece);
-	cvm_region_event_put_locked(&p->r, run->ev);
-	run->ev = NULL;
-	run->stream = NULL;
+	cvm_fence_clear(&p->r.dev->fence, &run->fence);
 	*out = run;
 	return CUVMM_OK;
 }
@@ -294,13 +292,9 @@ int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, stru
 			cvm_free_link(p, run);
 			return CUVMM_ENOMEM;
 		}
-		if (front != run) {
+		if (front != run)
 			cvm_free_link(p, run); /* the rest stays FREE, with its fence */
-		} else {
-			cvm_region_event_put_locked(&p->r, run->ev);
-		}
-		front->ev = NULL;
-		front->stream = NULL;
+		cvm_fence_clear(&p->r.dev->fence, &front->fence); /* a split front's is none already */
 		*out = front;
 		goto found;
 	}

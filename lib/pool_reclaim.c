@@ -73,7 +73,7 @@ void cvm_free_to_va(struct cuvmm_pool *p, struct cvm_run *run)
 		return; /* no memory for the bookkeeping: leave it mapped, a later pass retries */
 	cvm_free_unlink(p, run);
 	run->kind = CVM_RUN_VA;
-	run->epoch = 0;
+	cvm_fence_clear(&p->r.dev->fence, &run->fence);
 	cvm_bin_insert(p, run);
 	cvm_coalesce(p, run);
 }
@@ -93,7 +93,7 @@ int cvm_drop_slack(struct cuvmm_pool *p)
 	cvm_settle_pending(p, INT32_MAX);
 	for (run = p->age.lnext; run != &p->age; run = next) {
 		next = run->lnext;
-		if (cvm_dev_epoch_safe(p->r.dev, run->epoch))
+		if (cvm_fence_done(&p->r.dev->fence, &run->fence) > 0)
 			cvm_free_to_va(p, run);
 	}
 	cvm_region_process_locked(&p->r, cvm_now_ns(), false);
@@ -110,7 +110,7 @@ bool cvm_steal_slack(struct cuvmm_pool *p, size_t cap)
 
 	for (run = p->age.lnext; run != &p->age && p->free_bytes > cap; run = next) {
 		next = run->lnext;
-		if (cvm_dev_epoch_safe(p->r.dev, run->epoch))
+		if (cvm_fence_done(&p->r.dev->fence, &run->fence) > 0)
 			cvm_free_to_va(p, run);
 		else
 			unsafe = true;
@@ -161,7 +161,7 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 		going = run->lnext;
 		run->lnext = run->lprev = NULL;
 		run->kind = CVM_RUN_VA;
-		run->epoch = 0;
+		cvm_fence_clear(&p->r.dev->fence, &run->fence);
 		p->going--;
 		cvm_bin_insert(p, run);
 		cvm_coalesce(p, run);
@@ -220,7 +220,7 @@ again:
 				deadline = run->freed_ns + ctx->delay_ns - lead;
 			break;
 		}
-		if (!cvm_dev_epoch_safe(p->r.dev, run->epoch)) {
+		if (cvm_fence_done(&p->r.dev->fence, &run->fence) <= 0) {
 			want_sync = true;
 			continue;
 		}

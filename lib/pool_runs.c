@@ -40,7 +40,7 @@ void cvm_bin_insert(struct cuvmm_pool *p, struct cvm_run *run)
 		run->bnext->bprev = run;
 	p->free.head[b] = run;
 	p->free.nonempty[b / 64] |= (uint64_t)1 << (b % 64);
-	if (!run->ev)
+	if (!run->fence.ev)
 		cvm_seg_set(&p->fseg, run->start, (uint32_t)run->len);
 }
 
@@ -91,16 +91,16 @@ void cvm_free_unlink(struct cuvmm_pool *p, struct cvm_run *run)
 void cvm_free_link(struct cuvmm_pool *p, struct cvm_run *run)
 {
 	cvm_bin_insert(p, run);
-	cvm_list_append(run->ev ? &p->pend : &p->age, run);
+	cvm_list_append(run->fence.ev ? &p->pend : &p->age, run);
 	p->free_bytes += cvm_gbytes(p, run->len);
 }
 
 /* Can two FREE runs become one? Settled ones always; pending ones only on the same stream. */
 static bool free_compatible(const struct cvm_run *a, const struct cvm_run *b)
 {
-	if (!a->ev && !b->ev)
+	if (!a->fence.ev && !b->fence.ev)
 		return true;
-	return a->ev && b->ev && a->stream == b->stream;
+	return a->fence.ev && b->fence.ev && a->fence.stream == b->fence.stream;
 }
 
 /* Merge `run` (already linked, edges set) with its neighbours of the same kind. Returns the survivor. */
@@ -120,13 +120,11 @@ struct cvm_run *cvm_coalesce(struct cuvmm_pool *p, struct cvm_run *run)
 		if (run->kind == CVM_RUN_FREE) {
 			cvm_free_unlink(p, o);
 			cvm_free_unlink(p, run);
-			if (o->epoch > run->epoch)
-				run->epoch = o->epoch;
 			if (o->freed_ns > run->freed_ns)
 				run->freed_ns = o->freed_ns;
-			/* Pending on the same stream: `run` is the newest free, and its event covers the
-			 * neighbour's, which completes first on that stream. */
-			cvm_region_event_put_locked(&p->r, o->ev);
+			/* The later epoch; or, pending on the same stream, `run` is the newest free, and its
+			 * event covers the neighbour's, which completes first on that stream. */
+			cvm_fence_merge(&p->r.dev->fence, &run->fence, &o->fence);
 		} else {
 			cvm_bin_remove(p, o);
 			cvm_bin_remove(p, run);
@@ -176,24 +174,14 @@ struct cvm_run *cvm_split_front(struct cuvmm_pool *p, struct cvm_run *run, size_
  * caller takes it, or cvm_settle_pending settles it). */
 bool cvm_free_usable(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream)
 {
-	int done;
-
-	if (!run->ev)
-		return true;
-	if (stream && run->stream == stream)
-		return true;
-	done = cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, run->ev);
-	return done > 0;
+	return cvm_fence_usable(&p->r.dev->fence, &run->fence, stream);
 }
 
 /* Settle a pending FREE run whose event has completed: it becomes safe to unmap and joins its neighbours. */
 static void settle(struct cuvmm_pool *p, struct cvm_run *run)
 {
 	cvm_free_unlink(p, run);
-	cvm_region_event_put_locked(&p->r, run->ev);
-	run->ev = NULL;
-	run->stream = NULL;
-	run->epoch = 0;
+	cvm_fence_clear(&p->r.dev->fence, &run->fence);
 	cvm_free_link(p, run);
 	cvm_coalesce(p, run);
 }
@@ -204,22 +192,23 @@ void cvm_settle_pending(struct cuvmm_pool *p, int max)
 
 	for (; run != &p->pend && max-- > 0; run = next) {
 		next = run->lnext;
-		if (cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, run->ev) > 0)
+		if (cvm_fence_done(&p->r.dev->fence, &run->fence) > 0)
 			settle(p, run);
 	}
 }
 
-/* Turn a USED or SLAB run into FREE after a free, fenced by `ev` on `stream` or by the device epoch. */
-void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream, cvm_event ev)
+/* Turn a USED or SLAB run into FREE after a free, fenced by f (an event fence) or by the device epoch. */
+void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, const struct cvm_fence *f)
 {
 	cvm_fp_add(p, run->len, false);
 	run->kind = CVM_RUN_FREE;
 	run->bytes = 0;
 	run->slab = NULL;
 	run->freed_ns = cvm_now_ns();
-	run->stream = ev ? stream : NULL;
-	run->ev = ev;
-	run->epoch = ev ? 0 : atomic_load(&p->r.dev->epoch);
+	if (f)
+		run->fence = *f;
+	else
+		cvm_fence_set_epoch(&p->r.dev->fence, &run->fence);
 	cvm_free_link(p, run);
 	cvm_coalesce(p, run);
 }

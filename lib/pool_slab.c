@@ -1,8 +1,8 @@
 /*
  * Small allocations: size classes (256-byte steps to 1 KiB, then four steps per doubling), slabs (one
  * granule cut into equal slots of one class, in a SLAB run), and the queue of frees on streams whose slots
- * (or packed allocations, pool_pack.c: their bytes share granules too) become available once their event
- * has completed.
+ * (or packed allocations, pool_pack.c: their bytes share granules too) become available once their fence
+ * (fence.h) has completed.
  */
 #include <stdlib.h>
 
@@ -24,8 +24,7 @@ struct cvm_dfree {
 	void *ptr;
 	struct cvm_pack_alloc *pack; /* a packed allocation (pool_pack.c); NULL: a slot of class cls */
 	uint32_t cls;
-	CUstream stream;
-	cvm_event ev;
+	struct cvm_fence fence; /* an event fence on the stream it was freed on */
 };
 
 /* ----- size classes of small allocations: 256-byte steps to 1 KiB, then four steps per doubling ----- */
@@ -134,7 +133,7 @@ static void slab_put(struct cuvmm_pool *p, struct cvm_slab *s, uint32_t slot)
 
 		partial_remove(p, s);
 		free(s);
-		cvm_run_release(p, run, NULL, NULL);
+		cvm_run_release(p, run, NULL); /* the device epoch */
 	}
 }
 
@@ -150,12 +149,11 @@ static void dq_remove(struct cuvmm_pool *p, struct cvm_dfree *prev, struct cvm_d
 }
 
 /* Append a stream free (d's pack or cls set) to the queue. */
-static void dq_push(struct cuvmm_pool *p, struct cvm_dfree *d, uintptr_t a, CUstream stream, cvm_event ev)
+static void dq_push(struct cuvmm_pool *p, struct cvm_dfree *d, uintptr_t a, const struct cvm_fence *f)
 {
 	d->next = NULL;
 	d->ptr = (void *)a;
-	d->stream = stream;
-	d->ev = ev;
+	d->fence = *f;
 	if (p->dq_tail)
 		p->dq_tail->next = d;
 	else
@@ -190,7 +188,7 @@ void cvm_slab_drain(struct cuvmm_pool *p, int max)
 		struct cvm_slab *s;
 
 		next = d->next;
-		if (cvm_drv_event_done(CVM_DRV(p->r.dev), p->r.dev->index, d->ev) <= 0) {
+		if (cvm_fence_done(&p->r.dev->fence, &d->fence) <= 0) {
 			prev = d;
 			continue;
 		}
@@ -201,7 +199,7 @@ void cvm_slab_drain(struct cuvmm_pool *p, int max)
 			s = slab_of(p, (uintptr_t)d->ptr, &slot);
 			slab_put(p, s, slot);
 		}
-		cvm_region_event_put_locked(&p->r, d->ev);
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 	}
 }
@@ -217,13 +215,13 @@ int cvm_slab_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void **p
 	for (; stream && d && n < CVM_DQ_SCAN; prev = d, d = d->next, n++) {
 		uint32_t slot;
 
-		if (d->stream != stream || d->pack || d->cls != cls)
+		if (d->fence.stream != stream || d->pack || d->cls != cls)
 			continue;
 		dq_remove(p, prev, d);
 		s = slab_of(p, (uintptr_t)d->ptr, &slot);
 		s->live[slot / 64] |= (uint64_t)1 << (slot % 64);
 		*ptr = d->ptr;
-		cvm_region_event_put_locked(&p->r, d->ev);
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 		cvm_pool_live_add(p, (int64_t)class_size(cls));
 		return CUVMM_OK;
@@ -257,32 +255,34 @@ size_t cvm_slab_live_bytes(struct cuvmm_pool *p, uintptr_t a)
 	return s && (s->live[slot / 64] & ((uint64_t)1 << (slot % 64))) ? s->size : 0;
 }
 
-void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, CUstream stream, cvm_event ev)
+void cvm_slab_free(struct cuvmm_pool *p, uintptr_t a, const struct cvm_fence *f)
 {
 	uint32_t slot;
 	struct cvm_slab *s = slab_of(p, a, &slot);
 
 	s->live[slot / 64] &= ~((uint64_t)1 << (slot % 64));
 	cvm_pool_live_add(p, -(int64_t)s->size);
-	if (ev) {
+	if (f) {
 		struct cvm_dfree *d = malloc(sizeof(*d));
 
 		if (!d) {
 			/* No memory to remember the fence: wait for it instead. */
-			cvm_drv_event_sync(CVM_DRV(p->r.dev), p->r.dev->index, ev);
-			cvm_region_event_put_locked(&p->r, ev);
+			struct cvm_fence w = *f;
+
+			cvm_fence_wait(&p->r.dev->fence, &w);
+			cvm_fence_clear(&p->r.dev->fence, &w);
 			slab_put(p, s, slot);
 		} else {
 			d->pack = NULL;
 			d->cls = s->cls;
-			dq_push(p, d, a, stream, ev);
+			dq_push(p, d, a, f);
 		}
 	} else {
 		slab_put(p, s, slot);
 	}
 }
 
-bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, CUstream stream, cvm_event ev)
+bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, const struct cvm_fence *f)
 {
 	struct cvm_dfree *d = malloc(sizeof(*d));
 
@@ -290,7 +290,7 @@ bool cvm_dq_add(struct cuvmm_pool *p, uintptr_t a, struct cvm_pack_alloc *x, CUs
 		return false;
 	d->pack = x;
 	d->cls = 0;
-	dq_push(p, d, a, stream, ev);
+	dq_push(p, d, a, f);
 	return true;
 }
 
@@ -300,11 +300,11 @@ struct cvm_pack_alloc *cvm_dq_take_packed(struct cuvmm_pool *p, CUstream stream,
 	struct cvm_pack_alloc *x;
 
 	for (int n = 0; d && n < CVM_DQ_SCAN; prev = d, d = d->next, n++) {
-		if (d->stream != stream || !d->pack || d->pack->len != len)
+		if (d->fence.stream != stream || !d->pack || d->pack->len != len)
 			continue;
 		dq_remove(p, prev, d);
 		x = d->pack;
-		cvm_region_event_put_locked(&p->r, d->ev);
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 		return x;
 	}
@@ -317,7 +317,7 @@ void cvm_slab_discard(struct cuvmm_pool *p)
 		struct cvm_dfree *d = p->dq_head;
 
 		p->dq_head = d->next;
-		cvm_region_event_put_locked(&p->r, d->ev);
+		cvm_fence_clear(&p->r.dev->fence, &d->fence);
 		free(d);
 	}
 }

@@ -18,72 +18,35 @@ static void *slot_va(const struct cuvmm_region *r, size_t g)
 	return (void *)(r->base + (g << r->gshift));
 }
 
-/* ----- fences ----- */
+/* ----- fences (fence.h: one type, the device's event cache) ----- */
 
-int cvm_region_event_get_locked(struct cuvmm_region *r, cvm_event *ev)
+int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_unmap **out)
 {
-	if (r->nspare) {
-		*ev = r->spare_ev[--r->nspare];
-		return CUVMM_OK;
-	}
-	return cvm_drv_event_create(CVM_DRV(r->dev), r->dev->index, ev);
-}
-
-void cvm_region_event_put_locked(struct cuvmm_region *r, cvm_event ev)
-{
-	if (!ev)
-		return;
-	if (r->nspare == r->spare_cap && r->waiters) {
-		/* A trim is waiting on events it read before it dropped the lock: keep them all alive. */
-		cvm_event *grown = realloc(r->spare_ev, 2 * r->spare_cap * sizeof(*grown));
-
-		if (grown) {
-			r->spare_ev = grown;
-			r->spare_cap *= 2;
-		} else {
-			cvm_warn("no memory to keep an event alive for a waiting trim; leaking it");
-			return;
-		}
-	}
-	if (r->nspare < r->spare_cap)
-		r->spare_ev[r->nspare++] = ev;
-	else
-		cvm_drv_event_destroy(CVM_DRV(r->dev), r->dev->index, ev);
-}
-
-int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_fence **out)
-{
-	struct cvm_fence *f = calloc(1, sizeof(*f));
-	cvm_event ev = NULL;
+	struct cvm_unmap *u = calloc(1, sizeof(*u));
 	int err;
 
-	if (!f)
+	if (!u)
 		return CUVMM_ENOMEM;
 	if (stream) {
-		err = cvm_region_event_get_locked(r, &ev);
+		u->f = cvm_fence_new();
+		err = u->f ? cvm_fence_record(&r->dev->fence, u->f, stream) : CUVMM_ENOMEM;
 		if (err) {
-			free(f);
-			return err;
-		}
-		err = cvm_drv_event_record(CVM_DRV(r->dev), r->dev->index, ev, stream);
-		if (err) {
-			cvm_region_event_put_locked(r, ev);
-			free(f);
+			free(u->f);
+			free(u);
 			return err;
 		}
 	}
-	f->ev = ev;
-	f->id = ++r->next_fence_id;
-	*out = f;
+	u->id = ++r->next_fence_id;
+	*out = u;
 	return CUVMM_OK;
 }
 
-void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_fence *f)
+void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_unmap *u)
 {
-	if (!f)
+	if (!u)
 		return;
-	cvm_region_event_put_locked(r, f->ev);
-	free(f);
+	cvm_fence_unref(&r->dev->fence, u->f);
+	free(u);
 }
 
 /* ----- mapping ----- */
@@ -306,7 +269,7 @@ undo:
 	return err;
 }
 
-void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, struct cvm_fence *f)
+void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, struct cvm_unmap *u)
 {
 	size_t marked = 0;
 
@@ -314,19 +277,19 @@ void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, str
 		if (r->slot[g].state != CVM_SLOT_MAPPED)
 			continue;
 		r->slot[g].state = CVM_SLOT_PENDING;
-		r->slot[g].pend = f->id;
+		r->slot[g].pend = u->id;
 		marked++;
 	}
 	if (!marked) {
-		cvm_region_fence_drop_locked(r, f);
+		cvm_region_fence_drop_locked(r, u);
 		return;
 	}
 	r->npending += marked;
 	cvm_acct_live(&r->acct, -(int64_t)(marked << r->gshift));
-	f->first = first;
-	f->n = n;
-	f->next = r->fences;
-	r->fences = f;
+	u->first = first;
+	u->n = n;
+	u->next = r->fences;
+	r->fences = u;
 }
 
 /* Unmap every chunk in [first, end) (widened to chunk boundaries) whose granules are all DONE. */
@@ -360,53 +323,53 @@ static int unmap_done(struct cuvmm_region *r, size_t first, size_t end)
 
 uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wait)
 {
-	struct cvm_drv *d = CVM_DRV(r->dev);
-	struct cvm_fence **pf, *f;
+	struct cvm_fence_dev *fd = &r->dev->fence;
+	struct cvm_unmap **pu, *u;
 	bool busy = false;
 
 	if (wait) {
-		/* Wait without the lock: collect the events, then sync each. An event recycled meanwhile
-		 * only makes us wait longer. */
-		size_t nev = 0, cap = 0;
-		cvm_event *evs = NULL;
+		/* Wait without the lock: collect the fences, each with a reference of ours, so that a call that
+		 * processes them meanwhile cannot give their events away; then wait on each and drop them. */
+		size_t nf = 0, cap = 0;
+		struct cvm_fence **fs = NULL;
 
-		for (f = r->fences; f; f = f->next)
-			cap += f->ev != NULL;
-		if (cap && (evs = malloc(cap * sizeof(*evs)))) {
-			for (f = r->fences; f; f = f->next)
-				if (f->ev)
-					evs[nev++] = f->ev;
-			r->waiters++;
+		for (u = r->fences; u; u = u->next)
+			cap += u->f != NULL;
+		if (cap && (fs = malloc(cap * sizeof(*fs)))) {
+			for (u = r->fences; u; u = u->next)
+				if (u->f)
+					fs[nf++] = cvm_fence_ref(u->f);
 			pthread_mutex_unlock(&r->lock);
-			for (size_t i = 0; i < nev; i++)
-				cvm_drv_event_sync(d, r->dev->index, evs[i]);
+			for (size_t i = 0; i < nf; i++)
+				cvm_fence_wait(fd, fs[i]);
 			pthread_mutex_lock(&r->lock);
-			r->waiters--;
-			free(evs);
+			for (size_t i = 0; i < nf; i++)
+				cvm_fence_unref(fd, fs[i]);
+			free(fs);
 		}
 	}
-	for (pf = &r->fences; (f = *pf);) {
-		if (f->ev) {
-			int done = cvm_drv_event_done(d, r->dev->index, f->ev);
+	for (pu = &r->fences; (u = *pu);) {
+		if (u->f) {
+			int done = cvm_fence_done(fd, u->f);
 
 			if (done < 0)
 				cvm_err("querying an unmap fence failed: %s (CUresult %d); keeping the memory mapped",
 					cuvmm_strerror(done), cuvmm_last_driver_error());
 			if (done <= 0) {
 				busy = true;
-				pf = &f->next;
+				pu = &u->next;
 				continue;
 			}
-			cvm_region_event_put_locked(r, f->ev);
-			f->ev = NULL;
+			cvm_fence_unref(fd, u->f);
+			u->f = NULL;
 		}
-		for (size_t g = f->first; g < f->first + f->n; g++)
-			if (r->slot[g].state == CVM_SLOT_PENDING && r->slot[g].pend == f->id)
+		for (size_t g = u->first; g < u->first + u->n; g++)
+			if (r->slot[g].state == CVM_SLOT_PENDING && r->slot[g].pend == u->id)
 				r->slot[g].state = CVM_SLOT_DONE;
-		if (unmap_done(r, f->first, f->first + f->n))
+		if (unmap_done(r, u->first, u->first + u->n))
 			busy = true;
-		*pf = f->next;
-		free(f);
+		*pu = u->next;
+		free(u);
 	}
 	if (!busy && r->npending && !r->fences) {
 		/* DONE granules left over from failed unmaps: retry them over the whole region. */
@@ -436,10 +399,10 @@ size_t cvm_region_chunk_end_locked(const struct cuvmm_region *r, size_t g)
 
 int cvm_region_release_locked(struct cuvmm_region *r, size_t first, size_t n, uint64_t since)
 {
-	struct cvm_fence *f;
+	struct cvm_unmap *f;
 	int err;
 
-	/* A fence without a stream is complete: the caller established that no work touches the granules. */
+	/* An unmap without a stream is complete: the caller established that no work touches the granules. */
 	err = cvm_region_fence_locked(r, NULL, &f);
 	if (err)
 		return err;
@@ -586,15 +549,13 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 	r->cnt.parent = &dev->cnt;
 	r->client.ops = &region_ops;
 	r->client.dev = dev;
-	r->spare_cap = 64;
 	/* Reserve before allocating the per-granule table: a range that cannot be reserved is ENOSPC, and its
 	 * table (16 bytes per granule: 128 GiB for 2^63 bytes) must not be tried, let alone fail first. */
 	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
 	if (err)
 		return err == CUVMM_ENOMEM || err == CUVMM_EINVAL ? CUVMM_ENOSPC : err;
 	r->slot = calloc(r->npages, sizeof(*r->slot));
-	r->spare_ev = calloc(r->spare_cap, sizeof(*r->spare_ev));
-	if (!r->slot || !r->spare_ev || pthread_mutex_init(&r->lock, NULL)) {
+	if (!r->slot || pthread_mutex_init(&r->lock, NULL)) {
 		err = CUVMM_ENOMEM;
 		goto fail;
 	}
@@ -605,7 +566,6 @@ fail:
 	if (cvm_drv_unreserve(CVM_DRV(dev), device, r->base, size))
 		cvm_err("freeing %zu bytes of address space at %p failed", size, (void *)r->base);
 	free(r->slot);
-	free(r->spare_ev);
 	return err;
 }
 
@@ -633,7 +593,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 		g += span;
 	}
 	while (r->fences) {
-		struct cvm_fence *f = r->fences;
+		struct cvm_unmap *f = r->fences;
 
 		r->fences = f->next;
 		cvm_region_fence_drop_locked(r, f);
@@ -642,8 +602,6 @@ void cvm_region_fini(struct cuvmm_region *r)
 		cvm_sleep_discard(r);
 	cvm_region_host_drop(r);
 	pthread_mutex_unlock(&r->lock);
-	for (size_t i = 0; i < r->nspare; i++)
-		cvm_drv_event_destroy(d, r->dev->index, r->spare_ev[i]);
 	if (cvm_drv_unreserve(d, r->dev->index, r->base, r->size))
 		cvm_err("freeing %zu bytes of address space at %p failed", r->size, (void *)r->base);
 	cvm_acct_reserved(&r->acct, -(int64_t)r->size);
@@ -651,7 +609,6 @@ void cvm_region_fini(struct cuvmm_region *r)
 	cvm_acct_live(&r->acct, -(int64_t)atomic_load(&r->acct.live));
 	pthread_mutex_destroy(&r->lock);
 	free(r->slot);
-	free(r->spare_ev);
 }
 
 /* ----- public API ----- */
@@ -745,7 +702,7 @@ int cuvmm_region_map(struct cuvmm_region *r, size_t offset, size_t len)
  * `stream`. A NULL stream means all work on the device: synchronise it without the lock, then the fence is
  * complete. Returns with the lock held; *f NULL when nothing needs unmapping.
  */
-static int fence_for(struct cuvmm_region *r, CUstream stream, size_t need, struct cvm_fence **f)
+static int fence_for(struct cuvmm_region *r, CUstream stream, size_t need, struct cvm_unmap **f)
 {
 	int err;
 
@@ -776,7 +733,7 @@ static void after_unmap(struct cuvmm_region *r)
 
 int cuvmm_region_unmap(struct cuvmm_region *r, size_t offset, size_t len, CUstream stream)
 {
-	struct cvm_fence *f;
+	struct cvm_unmap *f;
 	size_t first, n;
 	int err = check_range(r, offset, len);
 
@@ -802,7 +759,7 @@ int cuvmm_region_unmap(struct cuvmm_region *r, size_t offset, size_t len, CUstre
 
 int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream)
 {
-	struct cvm_fence *f;
+	struct cvm_unmap *f;
 	size_t keep;
 	int err;
 

@@ -5,7 +5,8 @@
  * every slot of which points to it) and a state. An unmap does not call the driver at once: it marks the
  * granules PENDING behind a fence (an event recorded on the caller's stream) and the chunks are unmapped
  * when the fence has completed, by a later call on the region or by the background thread. A map over a
- * PENDING granule takes it back as it is, contents and all.
+ * PENDING granule takes it back as it is, contents and all. Fences are fence.h's, their events from the
+ * device's cache.
  *
  * The internal functions below are for allocators built on regions (pool, kv). "_locked" functions expect
  * r->lock held.
@@ -32,11 +33,12 @@ struct cvm_slot {
 	uint8_t noacc;
 };
 
-struct cvm_fence {
-	struct cvm_fence *next;
-	cvm_event ev;      /* NULL once known complete */
+/* An unmap waiting for its fence: the granules it marked PENDING with its id. */
+struct cvm_unmap {
+	struct cvm_unmap *next;
+	struct cvm_fence *f; /* the region's reference (fence.h); NULL: complete (no work to wait for) */
 	uint32_t id;
-	size_t first, n;   /* granules it covers (some may have been taken back since) */
+	size_t first, n;     /* granules it covers (some may have been taken back since) */
 };
 
 struct cvm_sleep; /* sleep.c */
@@ -68,10 +70,7 @@ struct cuvmm_region {
 	uint8_t cls0;         /* size class of a chunk of one slot: gran == device granularity << cls0 */
 	size_t npages;
 	struct cvm_slot *slot;
-	struct cvm_fence *fences;     /* pending unmaps, newest first */
-	cvm_event *spare_ev;          /* events kept for reuse, so an unmap rarely creates one */
-	size_t nspare, spare_cap;
-	unsigned waiters;             /* trims waiting on fence events without the lock: destroy none */
+	struct cvm_unmap *fences;     /* pending unmaps, newest first */
 	uint32_t next_fence_id;
 	size_t npending;              /* granules PENDING or DONE */
 	struct cvm_sleep *sleep;      /* non-NULL while asleep */
@@ -117,17 +116,14 @@ void cvm_region_fini(struct cuvmm_region *r);
  * nothing. Adds to live the granules that were not MAPPED before when `live` is set. */
 int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
 
-/* Prepare a fence for work on `stream` (NULL: the caller synchronised the device already, so the fence is
+/* Prepare the unmap of work on `stream` (NULL: the caller synchronised the device already, so its fence is
  * complete). Recording fails cleanly: nothing changes. */
-int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_fence **out);
-/* An event from the region's spare list (or a new one), and back. */
-int cvm_region_event_get_locked(struct cuvmm_region *r, cvm_event *ev);
-void cvm_region_event_put_locked(struct cuvmm_region *r, cvm_event ev);
-/* Give back a fence that ended up unused. */
-void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_fence *f);
-/* Mark MAPPED granules of [first, first+n) PENDING behind fence f (which it takes over). Chunks that
+int cvm_region_fence_locked(struct cuvmm_region *r, CUstream stream, struct cvm_unmap **out);
+/* Give back an unmap that ended up unused. */
+void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_unmap *u);
+/* Mark MAPPED granules of [first, first+n) PENDING behind unmap u's fence (it takes u over). Chunks that
  * straddle the range's ends are unmapped only once all their granules are pending. */
-void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, struct cvm_fence *f);
+void cvm_region_unmap_locked(struct cuvmm_region *r, size_t first, size_t n, struct cvm_unmap *u);
 /* Unmap whatever pending granules have completed fences. With wait, wait for the fences first (drops and
  * retakes the lock around the waits). Returns when to look again (ns) or UINT64_MAX. */
 uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wait);

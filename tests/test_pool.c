@@ -954,7 +954,7 @@ END_TEST
 /* free_async: the event cannot be created or recorded. The allocation stays live and untouched. */
 START_TEST(test_fault_free_async)
 {
-	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_ctx *ctx;
 	CUstream s = new_stream(0);
 	static const enum cuvmm_call calls[2] = {CUVMM_CALL_EVENT_CREATE, CUVMM_CALL_EVENT_RECORD};
 	static const int errs[2] = {CUVMM_ENOMEM, CUVMM_EDRIVER};
@@ -963,7 +963,7 @@ START_TEST(test_fault_free_async)
 	for (int c = 0; c < 2; c++) {
 		for (int e = 0; e < 2; e++) {
 			for (int si = 0; si < 2; si++) {
-				struct cuvmm_pool *pool = new_pool(ctx, 0); /* no spare events yet */
+				struct cuvmm_pool *pool;
 				struct snap before, after;
 				struct others o;
 				char what[128];
@@ -971,6 +971,9 @@ START_TEST(test_fault_free_async)
 				void *x;
 				int err;
 
+				/* A fresh context: no spare events yet (the event cache is the device's). */
+				ctx = new_ctx(-1, false, 0, 0);
+				pool = new_pool(ctx, 0);
 				snprintf(what, sizeof(what), "%s failing with %s in free_async of %zu bytes",
 					 cuvmm_call_name(calls[c]), cuvmm_err_name(errs[e]), sizes[si]);
 				others_make(pool, &o);
@@ -994,12 +997,12 @@ START_TEST(test_fault_free_async)
 				usable(pool, sizes[si], what);
 				others_free(pool, &o);
 				cuvmm_pool_destroy(pool);
+				ck_assert_int_eq(tc_stream_sync(s), 0);
+				cuvmm_ctx_destroy(ctx);
 			}
 		}
 	}
-	ck_assert_int_eq(tc_stream_sync(s), 0);
 	tc_stream_destroy(s);
-	cuvmm_ctx_destroy(ctx);
 }
 END_TEST
 

@@ -552,10 +552,11 @@ START_TEST(test_destroy_waits_for_fence)
 END_TEST
 
 /*
- * A forced pass (trim, destroy) collects the fences' events and waits for them without the region lock; a
- * call on the region meanwhile may process those fences and give their events back, destroying those beyond
- * the spare list (64). The waiter must not then wait on a destroyed event. Made deterministic with the gate
- * and a failing EVENT_QUERY (which keeps completed fences unprocessed until the fault is cleared).
+ * A forced pass (trim, destroy) collects the unmaps' fences and waits for them without the region lock; a
+ * call on the region meanwhile may process those fences and give them up. The waiter must not then wait on a
+ * destroyed or recycled event: it holds a reference to each fence (fence.h), so their events go back to the
+ * device's cache only when it is done. Made deterministic with the gate and a failing EVENT_QUERY (which
+ * keeps completed fences unprocessed until the fault is cleared).
  */
 struct trim_arg {
 	struct cuvmm_ctx *ctx;
@@ -612,7 +613,7 @@ START_TEST(test_trim_races_fence_processing)
 		tc_sleep_ms(1);
 	ck_assert_msg(cuvmm_ctx_call_count(ctx, CUVMM_CALL_EVENT_SYNC) >= 1, "the trim never waited on a fence");
 
-	/* Meanwhile a map processes the 70 completed fences (the last 6 events beyond the spare list go). */
+	/* Meanwhile a map processes the 70 completed fences (the trim's references keep their events). */
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_EVENT_QUERY, 0, 0, CUVMM_EDRIVER), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_region_map(r, (nfences + 1) * g, g), CUVMM_OK);
 	expect_region(ctx, r, 2 * g, g); /* [70g, 71g) still pending, [71g, 72g) live */
@@ -622,11 +623,10 @@ START_TEST(test_trim_races_fence_processing)
 	clock_gettime(CLOCK_REALTIME, &deadline);
 	deadline.tv_sec += 5;
 	joined = pthread_timedjoin_np(t, NULL, &deadline);
-	/* KNOWN BUG (lib/region.c, cvm_region_process_locked with wait): it syncs, without the region lock, on
-	 * the events it collected; another caller meanwhile processes those fences and hands their events to
-	 * cvm_region_event_put_locked, which destroys those beyond spare_cap. The waiter then syncs on destroyed
-	 * events: a heap-use-after-free on the host backend (ASan reports it; without ASan the freed event reads
-	 * as never complete and the trim hangs), cuEventSynchronize on a destroyed CUevent on CUDA. */
+	/* Were the events given away while the trim waits (destroyed beyond the cache, as they once were), it
+	 * would sync on destroyed events: a heap-use-after-free on the host backend (ASan reports it; without
+	 * ASan the freed event reads as never complete and the trim hangs), cuEventSynchronize on a destroyed
+	 * CUevent on CUDA. */
 	ck_assert_msg(joined == 0, "the trim did not return 5 s after its fences completed");
 	ck_assert_int_eq(ta.err, CUVMM_OK);
 	expect_region(ctx, r, g, g);
