@@ -63,7 +63,6 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 		ctx->cfg.host_granularity = CVM_DEFAULT_HOST_GRANULARITY;
 	resolve_backend(&ctx->cfg);
 	cvm_policy_init(&ctx->policy, ctx->cfg.release_delay_ms, ctx->cfg.retain_bytes);
-	ctx->delay_ns = ctx->policy.delay_ns;
 	ctx->clients.next = ctx->clients.prev = &ctx->clients;
 	atomic_init(&ctx->next_deadline, UINT64_MAX);
 

@@ -73,9 +73,6 @@ struct cuvmm_ctx {
 	struct cvm_drv drv;
 	int ndev;
 	struct cvm_policy policy; /* when idle memory goes back: every client and device asks it */
-	/* policy.delay_ns, for pool.c until it asks the policy (cvm_policy_due, cvm_policy_deadline,
-	 * cvm_policy_window_ns); nothing else may read it. To be removed then. */
-	uint64_t delay_ns;
 
 	pthread_mutex_t dev_lock; /* opening devices */
 	struct cvm_dev dev[CVM_MAX_DEVICES];

@@ -393,7 +393,7 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 out:
 	pthread_mutex_unlock(&p->r.lock);
 	if (!err)
-		cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, p->r.ctx->cfg.retain_bytes);
+		cvm_phys_reclaim(&p->r.dev->phys, cvm_now_ns(), true, p->r.ctx->policy.retain_bytes);
 	return err;
 }
 

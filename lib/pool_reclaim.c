@@ -20,17 +20,11 @@
  * slack unmapped to stay under it leaves holes the sweep cannot merge across, each later allocation that
  * misses moves memory again, and on the KV trace both held and the driver calls went up (design.md).
  */
-#define CVM_SLACK_SHIFT 2
-
 size_t cvm_slack_cap_after(struct cuvmm_pool *p, size_t extra)
 {
-	size_t peak = p->win_peak > p->prev_peak ? p->win_peak : p->prev_peak, fp = p->fp + extra;
-	size_t floor = cvm_gbytes(p, 8), cap;
+	size_t peak = p->win_peak > p->prev_peak ? p->win_peak : p->prev_peak;
 
-	if (fp > peak)
-		peak = fp;
-	cap = peak + (peak >> CVM_SLACK_SHIFT) - fp;
-	return cap > floor ? cap : floor;
+	return cvm_policy_slack_cap(peak, p->fp + extra, cvm_gbytes(p, 8));
 }
 
 size_t cvm_slack_cap(struct cuvmm_pool *p)
@@ -50,13 +44,10 @@ void cvm_fp_add(struct cuvmm_pool *p, size_t granules, bool add)
 	}
 }
 
-/* The recent peak is that of the current window and the one before: a window lasts the release delay, at
- * least 100 ms. */
+/* The recent peak is that of the current window and the one before (the window: cvm_policy_window_ns). */
 static void window_roll(struct cuvmm_pool *p, uint64_t now)
 {
-	uint64_t delay = p->r.ctx->delay_ns;
-
-	if (cvm_elapsed(now, p->win_start) > (delay < 100000000u ? 100000000u : delay)) {
+	if (cvm_elapsed(now, p->win_start) > cvm_policy_window_ns(&p->r.ctx->policy)) {
 		p->prev_peak = p->win_peak;
 		p->win_peak = p->fp;
 		p->win_start = now;
@@ -209,15 +200,14 @@ again:
 	/* Runs are due early enough for their unmaps and releases to be done when the delay is up. */
 	lead = force ? 0 : cvm_dev_release_lead(p->r.dev, p->free_bytes >> p->r.gshift);
 	for (run = p->age.lnext; run != &p->age; run = next) {
-		bool due = ctx->delay_ns != UINT64_MAX && cvm_elapsed(now, run->freed_ns) + lead >= ctx->delay_ns;
+		bool due = cvm_policy_due(&ctx->policy, run->freed_ns, now, lead);
 
 		next = run->lnext;
 		if (force) {
 			if (p->free_bytes - cvm_gbytes(p, run->len) < keep)
 				break;
 		} else if (p->free_bytes <= cap && !due) {
-			if (ctx->delay_ns != UINT64_MAX)
-				deadline = run->freed_ns + ctx->delay_ns - lead;
+			deadline = cvm_policy_deadline(&ctx->policy, run->freed_ns, lead);
 			break;
 		}
 		if (cvm_fence_done(&p->r.dev->fence, &run->fence) <= 0) {
@@ -315,7 +305,7 @@ uint64_t cvm_pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	 * without the pool's lock. */
 	if (!force && free_bytes + cvm_phys_cached(&p->r.dev->phys) > cap)
 		cvm_phys_reclaim(&p->r.dev->phys, now, true,
-				 cap > free_bytes ? cap - free_bytes : p->r.ctx->cfg.retain_bytes);
+				 cap > free_bytes ? cap - free_bytes : p->r.ctx->policy.retain_bytes);
 	return next;
 }
 

@@ -646,7 +646,7 @@ int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstr
 	pthread_mutex_unlock(&r->lock);
 	/* Chunks of finished unmaps went to the device's cache: give those back too. */
 	if (!err)
-		cvm_phys_reclaim(&r->dev->phys, cvm_now_ns(), true, r->ctx->cfg.retain_bytes);
+		cvm_phys_reclaim(&r->dev->phys, cvm_now_ns(), true, r->ctx->policy.retain_bytes);
 	return err;
 }
 
