@@ -143,7 +143,7 @@ static int pool_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void 
 	int err;
 
 	pthread_mutex_lock(&p->r.lock);
-	if (p->r.sleep) {
+	if (cvm_region_asleep(&p->r)) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -269,8 +269,8 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 
 		if (cap) {
 			pthread_mutex_lock(&p->r.lock);
-			bytes = p->r.sleep ? 0 : live_bytes_locked(p, a);
-			err = p->r.sleep ? CUVMM_ESTATE : CUVMM_OK;
+			bytes = cvm_region_asleep(&p->r) ? 0 : live_bytes_locked(p, a);
+			err = cvm_region_asleep(&p->r) ? CUVMM_ESTATE : CUVMM_OK;
 			pthread_mutex_unlock(&p->r.lock);
 			if (err)
 				return err;
@@ -282,7 +282,7 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 	}
 	g = (a - p->r.base) >> p->r.gshift;
 	pthread_mutex_lock(&p->r.lock);
-	if (p->r.sleep) {
+	if (cvm_region_asleep(&p->r)) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -357,7 +357,7 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 	if (!p || (mode != CUVMM_SLEEP_OFFLOAD && mode != CUVMM_SLEEP_DISCARD))
 		return CUVMM_EINVAL;
 	pthread_mutex_lock(&p->r.lock);
-	if (p->r.sleep) {
+	if (cvm_region_asleep(&p->r)) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -387,7 +387,7 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		for (size_t g = 0; g < p->r.npages; g += p->edge[g]->len) {
 			run = p->edge[g];
 			if (run->kind == CVM_RUN_USED && run->len >= 32)
-				cvm_sleep_coarsen(&p->r, run->start, run->len, cvm_large_cls(run->len));
+				cvm_region_sleep_coarsen(&p->r, run->start, run->len, cvm_large_cls(run->len));
 		}
 	}
 out:

@@ -317,7 +317,7 @@ int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, stru
 		pthread_mutex_unlock(&p->r.lock);
 		cvm_dev_sync_epoch(p->r.dev);
 		pthread_mutex_lock(&p->r.lock);
-		if (p->r.sleep)
+		if (cvm_region_asleep(&p->r))
 			return CUVMM_ESTATE; /* put to sleep meanwhile */
 		cvm_steal_slack(p, cvm_slack_cap_after(p, cvm_gbytes(p, k)));
 	}

@@ -168,6 +168,20 @@ int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chu
 	return CUVMM_OK;
 }
 
+int cvm_region_take_back_locked(struct cuvmm_region *r, size_t g)
+{
+	struct cvm_chunk *c = r->slot[g].chunk;
+	size_t span = cvm_span(r, c);
+	int err = cvm_region_grant_locked(r, g);
+
+	if (err)
+		return err;
+	for (size_t i = 0; i < span; i++)
+		r->slot[g + i].state = CVM_SLOT_MAPPED;
+	r->npending -= span;
+	return CUVMM_OK;
+}
+
 /* Unmap one chunk (first granule g) and hand it back to the device. On failure the chunk stays mapped
  * and its granules DONE, to be retried by a later pass. */
 static int chunk_unmap(struct cuvmm_region *r, size_t g)
@@ -598,9 +612,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 		r->fences = f->next;
 		cvm_region_fence_drop_locked(r, f);
 	}
-	if (r->sleep)
-		cvm_sleep_discard(r);
-	cvm_region_host_drop(r);
+	cvm_region_sleep_fini(r);
 	pthread_mutex_unlock(&r->lock);
 	if (cvm_drv_unreserve(d, r->dev->index, r->base, r->size))
 		cvm_err("freeing %zu bytes of address space at %p failed", r->size, (void *)r->base);
@@ -685,7 +697,7 @@ int cuvmm_region_map(struct cuvmm_region *r, size_t offset, size_t len)
 	if (err)
 		return err;
 	pthread_mutex_lock(&r->lock);
-	if (r->sleep) {
+	if (cvm_region_asleep(r)) {
 		err = CUVMM_ESTATE;
 	} else {
 		if (r->npending)
@@ -715,7 +727,7 @@ static int fence_for(struct cuvmm_region *r, CUstream stream, size_t need, struc
 		pthread_mutex_lock(&r->lock);
 		if (err)
 			return err;
-		if (r->sleep)
+		if (cvm_region_asleep(r))
 			return CUVMM_ESTATE;
 	}
 	return cvm_region_fence_locked(r, stream, f);
@@ -742,7 +754,7 @@ int cuvmm_region_unmap(struct cuvmm_region *r, size_t offset, size_t len, CUstre
 	first = offset >> r->gshift;
 	n = len >> r->gshift;
 	pthread_mutex_lock(&r->lock);
-	if (r->sleep) {
+	if (cvm_region_asleep(r)) {
 		pthread_mutex_unlock(&r->lock);
 		return CUVMM_ESTATE;
 	}
@@ -767,7 +779,7 @@ int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream)
 		return CUVMM_EINVAL;
 	keep = (bytes + r->gran - 1) >> r->gshift;
 	pthread_mutex_lock(&r->lock);
-	if (r->sleep) {
+	if (cvm_region_asleep(r)) {
 		pthread_mutex_unlock(&r->lock);
 		return CUVMM_ESTATE;
 	}
