@@ -143,7 +143,7 @@ static void pack_release(struct cuvmm_pool *p, struct cvm_pack_alloc *x, bool se
 int cvm_pool_pack_init(struct cuvmm_pool *p)
 {
 	p->pack_max = p->small_max ? (size_t)CVM_PACK_MAX_GRANULES << p->r.gshift : 0;
-	return cvm_pack_init(&p->pack, p->r.npages, p->r.gshift);
+	return cvm_pack_init(&p->pack, p->r.ngran, p->r.gshift);
 }
 
 void cvm_pool_pack_fini(struct cuvmm_pool *p)

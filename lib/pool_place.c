@@ -256,7 +256,7 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 			continue;
 		for (struct cvm_run *run = p->free.head[b]; run && scanned < 64; run = run->bnext, scanned++) {
 			size_t end = run->start + run->len;
-			struct cvm_run *right = end < p->r.npages ? p->edge[end] : NULL;
+			struct cvm_run *right = end < p->r.ngran ? p->edge[end] : NULL;
 			struct cvm_run *left = run->start ? p->edge[run->start - 1] : NULL;
 
 			if (run->len >= k || (best && run->len <= best->len) || !cvm_free_usable(p, run, stream))

@@ -387,7 +387,7 @@ uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wa
 	}
 	if (!busy && r->npending && !r->fences) {
 		/* DONE granules left over from failed unmaps: retry them over the whole region. */
-		if (unmap_done(r, 0, r->npages))
+		if (unmap_done(r, 0, r->ngran))
 			busy = true;
 	}
 	return busy || r->fences ? now + CVM_FENCE_POLL_NS : UINT64_MAX;
@@ -558,7 +558,7 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 	r->cls0 = (uint8_t)cls0;
 	r->peers = peers;
 	r->size = size;
-	r->npages = size >> r->gshift;
+	r->ngran = size >> r->gshift;
 	r->acct.parent = &dev->acct;
 	r->cnt.parent = &dev->cnt;
 	r->client.ops = &region_ops;
@@ -568,7 +568,7 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
 	if (err)
 		return err == CUVMM_ENOMEM || err == CUVMM_EINVAL ? CUVMM_ENOSPC : err;
-	r->slot = calloc(r->npages, sizeof(*r->slot));
+	r->slot = calloc(r->ngran, sizeof(*r->slot));
 	if (!r->slot || pthread_mutex_init(&r->lock, NULL)) {
 		err = CUVMM_ENOMEM;
 		goto fail;
@@ -592,7 +592,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 	if (r->npending)
 		cvm_region_process_locked(r, cvm_now_ns(), true);
 	/* Whatever is still mapped: the caller guarantees no GPU work touches it any more. */
-	for (size_t g = 0; g < r->npages;) {
+	for (size_t g = 0; g < r->ngran;) {
 		struct cvm_chunk *c = r->slot[g].chunk;
 		size_t span = c ? cvm_span(r, c) : 1;
 
@@ -785,7 +785,7 @@ int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream)
 	}
 	if (r->npending)
 		cvm_region_process_locked(r, cvm_now_ns(), false);
-	err = fence_for(r, stream, cvm_region_count_locked(r, keep, r->npages - keep, CVM_SLOT_MAPPED), &f);
+	err = fence_for(r, stream, cvm_region_count_locked(r, keep, r->ngran - keep, CVM_SLOT_MAPPED), &f);
 	if (!err && keep)
 		err = cvm_region_map_locked(r, 0, keep, 0);
 	if (err) {
@@ -794,7 +794,7 @@ int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream)
 		return err;
 	}
 	if (f)
-		cvm_region_unmap_locked(r, keep, r->npages - keep, f);
+		cvm_region_unmap_locked(r, keep, r->ngran - keep, f);
 	after_unmap(r);
 	return CUVMM_OK;
 }
@@ -818,11 +818,11 @@ static int region_add_peer_locked(struct cuvmm_region *r, int peer)
 
 	if (r->peers & bit)
 		return CUVMM_OK;
-	for (size_t g = 0; g < r->npages;) {
+	for (size_t g = 0; g < r->ngran;) {
 		size_t run = g;
 		int err;
 
-		while (run < r->npages && r->slot[run].chunk && r->slot[run].state != CVM_SLOT_UNMAPPED &&
+		while (run < r->ngran && r->slot[run].chunk && r->slot[run].state != CVM_SLOT_UNMAPPED &&
 		       !r->slot[run].noacc)
 			run++;
 		if (run == g) {

@@ -53,7 +53,7 @@ struct cuvmm_region {
 	size_t gran;
 	unsigned gshift;      /* log2(gran) */
 	uint8_t cls0;         /* size class of a chunk of one slot: gran == device granularity << cls0 */
-	size_t npages;
+	size_t ngran;         /* granules: size >> gshift */
 	struct cvm_slot *slot;
 	struct cvm_unmap *fences;     /* pending unmaps, newest first */
 	uint32_t next_fence_id;

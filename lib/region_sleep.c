@@ -379,7 +379,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	if (!s)
 		return CUVMM_ENOMEM;
 	s->mode = mode;
-	for (size_t g = 0; g < r->npages; g += r->slot[g].chunk ? cvm_span(r, r->slot[g].chunk) : 1)
+	for (size_t g = 0; g < r->ngran; g += r->slot[g].chunk ? cvm_span(r, r->slot[g].chunk) : 1)
 		n += r->slot[g].state == CVM_SLOT_MAPPED;
 	s->chunks = calloc(n ? n : 1, sizeof(*s->chunks));
 	kept = calloc(n ? n : 1, sizeof(*kept));
@@ -387,7 +387,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		err = CUVMM_ENOMEM;
 		goto fail;
 	}
-	for (size_t g = 0; g < r->npages;) {
+	for (size_t g = 0; g < r->ngran;) {
 		struct cvm_chunk *c = r->slot[g].chunk;
 
 		if (c && r->slot[g].state == CVM_SLOT_MAPPED) {
