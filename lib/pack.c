@@ -171,7 +171,7 @@ void cvm_pack_plan(const struct cvm_pack *k, size_t len, cvm_pack_avail_fn avail
 	size_t gran = (size_t)1 << k->gshift, g, at = 0;
 	const struct cvm_pack_alloc *c = k->cursor;
 
-	plan->fresh = false;
+	plan->anywhere = false;
 	/* 1. A gap on held granules, lowest address first. */
 	if (len / CVM_PACK_ALIGN <= UINT32_MAX) {
 		g = cvm_seg_first(&k->gaps, 0, (uint32_t)(len / CVM_PACK_ALIGN));
@@ -196,7 +196,7 @@ void cvm_pack_plan(const struct cvm_pack *k, size_t len, cvm_pack_avail_fn avail
 		}
 	}
 	/* 3. Granules anywhere. */
-	plan->fresh = true;
+	plan->anywhere = true;
 	plan->off = 0;
 	plan->g0 = 0;
 	plan->ng = (len + gran - 1) >> k->gshift;

@@ -48,11 +48,11 @@ struct cvm_pack {
 };
 
 /* Where an allocation goes: at byte `off`, on `ng` new granules from `g0` that the caller must provide
- * (ng 0: a gap on held granules). `fresh`: no place found; the caller provides ng granules anywhere and
+ * (ng 0: a gap on held granules). `anywhere`: no place found; the caller provides ng granules anywhere and
  * the allocation starts at the first (off is then set by the caller). */
 struct cvm_pack_plan {
 	size_t off, g0, ng;
-	bool fresh;
+	bool anywhere;
 };
 
 /* May the packer take granules [g, g + n) (free in the caller's eyes, not cut inside a larger chunk)? */

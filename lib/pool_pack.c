@@ -178,13 +178,13 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	x->len = len;
 	x->bytes = bytes;
 	cvm_pack_plan(&p->pack, x->len, pack_avail, p, &plan);
-	if (!plan.fresh && plan.ng && pack_take(p, plan.g0, plan.ng)) {
+	if (!plan.anywhere && plan.ng && pack_take(p, plan.g0, plan.ng)) {
 		/* The bump failed (no memory, or a refused map): the way every allocation goes, on granules
 		 * of its own (the bump's ng counted only those past the cursor's last one). */
-		plan.fresh = true;
+		plan.anywhere = true;
 		plan.ng = (x->len + p->r.gran - 1) >> p->r.gshift;
 	}
-	if (plan.fresh) {
+	if (plan.anywhere) {
 		/* Not a stream's: other allocations will share its granules. */
 		err = cvm_get_run(p, plan.ng, NULL, true, &run);
 		if (!err) {
@@ -197,7 +197,7 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 		}
 	}
 	x->off = plan.off;
-	cvm_pack_insert(&p->pack, x, plan.fresh || plan.ng);
+	cvm_pack_insert(&p->pack, x, plan.anywhere || plan.ng);
 done:
 	cvm_pool_live_add(p, (int64_t)bytes);
 	*ptr = (void *)(p->r.base + x->off);
