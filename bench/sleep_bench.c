@@ -6,7 +6,7 @@
  *   plain      cudaHostAlloc of the same bytes (its time reported apart, "pin"), then D2H and H2D copies of
  *              every allocation in 64 MiB pieces on one stream, timed from the first queued to the sync
  *   cuvmm      cuvmm_pool_sleep(OFFLOAD) and cuvmm_pool_wake, --cycles times: the first sleep pins a new
- *              host copy (lib/sleep.c: $CUVMM_PIN_THREADS threads), later ones reuse it (steady state)
+ *              host copy (lib/region_sleep.c: $CUVMM_PIN_THREADS threads), later ones reuse it (steady state)
  * Each figure is bytes / wall time of the call (GB/s, 1e9) and its share of the plain copy's rate the same
  * way. On the host backend (no GPU, or --backend=host) the "device" is memfd host memory and the plain copy
  * is memcpy into malloc'ed memory, first-touched as its "pin": host figures, not GPU figures.

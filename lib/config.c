@@ -123,14 +123,14 @@ static const char *env_value(enum cvm_env which)
 static void env_report(enum cvm_env which, const char *s, const char *why, const char *used)
 {
 	const struct env_var *v = &env_vars[which];
-	bool fresh;
+	bool unreported;
 
 	pthread_mutex_lock(&reported_lock);
-	fresh = strncmp(reported[which], s, sizeof(reported[which]) - 1) != 0 || !reported[which][0];
-	if (fresh)
+	unreported = strncmp(reported[which], s, sizeof(reported[which]) - 1) != 0 || !reported[which][0];
+	if (unreported)
 		snprintf(reported[which], sizeof(reported[which]), "%s", s);
 	pthread_mutex_unlock(&reported_lock);
-	if (!fresh)
+	if (!unreported)
 		return;
 	if (which == CVM_ENV_LOG) /* the logger is reading its own level: write directly */
 		fprintf(stderr, "cuvmm: warn: %s=\"%s\" %s; using %s. Valid: %s\n", v->name, s, why, used, v->expect);

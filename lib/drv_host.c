@@ -4,7 +4,7 @@
  * "Device pointers" are ordinary host addresses. A reservation is a PROT_NONE anonymous mapping; a physical
  * chunk is a memfd whose pages are committed at creation, so the memory the library holds is real memory the
  * kernel accounts to the process (Shmem/RssShmem) and tests can watch it come and go. Mapping a chunk puts the
- * memfd over part of a reservation; unmapping puts a fresh reservation back.
+ * memfd over part of a reservation; unmapping puts a new reservation back.
  *
  * The backend tracks its reservations and mappings and refuses what the driver refuses (mapping over a mapping,
  * unmapping part of one, granting access to unmapped space, freeing a reservation that is still mapped). Without
@@ -602,7 +602,7 @@ static int host_release(void *state, int dev, cvm_handle h)
 	return CUDA_SUCCESS;
 }
 
-/* Put a fresh reservation over [va, va+size): what cuMemUnmap leaves behind, and what a failed MAP_FIXED may
+/* Put a new reservation over [va, va+size): what cuMemUnmap leaves behind, and what a failed MAP_FIXED may
  * have torn a hole in. Same flags as host_reserve, so the kernel merges it with its neighbours. */
 static int rereserve(uintptr_t va, size_t size)
 {

@@ -325,11 +325,11 @@ int cuvmm_kv_create(struct cuvmm_ctx *ctx, const struct cuvmm_kv_config *cfg, st
 		kv->t[t].acct.live_private = true;
 	}
 	kv->dev = kv->t[0].dev;
-	if (kv->t[0].npages > UINT32_MAX - 1) {
+	if (kv->t[0].ngran > UINT32_MAX - 1) {
 		err = CUVMM_EINVAL;
 		goto fail;
 	}
-	kv->npages = (uint32_t)kv->t[0].npages;
+	kv->npages = (uint32_t)kv->t[0].ngran;
 	kv->pg = calloc(kv->npages, sizeof(*kv->pg));
 	kv->busy = calloc((kv->max_blocks + 63) / 64, sizeof(*kv->busy));
 	if (!kv->pg || !kv->busy || pthread_mutex_init(&kv->lock, NULL)) {

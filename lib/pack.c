@@ -91,7 +91,7 @@ static void reindex(struct cvm_pack *k, size_t g)
 {
 	size_t at;
 
-	if (g < k->npages)
+	if (g < k->ngran)
 		cvm_seg_set(&k->gaps, g, (uint32_t)(gaps_in(k, g, 0, &at) / CVM_PACK_ALIGN));
 }
 
@@ -111,22 +111,22 @@ static void reindex_around(struct cvm_pack *k, const struct cvm_pack_alloc *p, c
 		reindex(k, gfirst(k, n));
 }
 
-int cvm_pack_init(struct cvm_pack *k, size_t npages, unsigned gshift)
+int cvm_pack_init(struct cvm_pack *k, size_t ngran, unsigned gshift)
 {
 	int err;
 
-	if (npages == 0 || gshift < 9 || gshift > 31)
+	if (ngran == 0 || gshift < 9 || gshift > 31)
 		return CUVMM_EINVAL;
 	k->gshift = gshift;
-	k->npages = npages;
+	k->ngran = ngran;
 	k->cursor = NULL;
 	k->n = 0;
 	k->last = NULL;
-	k->live = calloc(npages, sizeof(*k->live));
-	k->head = calloc(npages, sizeof(*k->head));
-	err = k->live && k->head ? cvm_seg_init(&k->gaps, npages) : CUVMM_ENOMEM;
+	k->live = calloc(ngran, sizeof(*k->live));
+	k->head = calloc(ngran, sizeof(*k->head));
+	err = k->live && k->head ? cvm_seg_init(&k->gaps, ngran) : CUVMM_ENOMEM;
 	if (!err) {
-		err = cvm_seg_init(&k->held, npages);
+		err = cvm_seg_init(&k->held, ngran);
 		if (err)
 			cvm_seg_fini(&k->gaps);
 	}
@@ -171,7 +171,7 @@ void cvm_pack_plan(const struct cvm_pack *k, size_t len, cvm_pack_avail_fn avail
 	size_t gran = (size_t)1 << k->gshift, g, at = 0;
 	const struct cvm_pack_alloc *c = k->cursor;
 
-	plan->fresh = false;
+	plan->anywhere = false;
 	/* 1. A gap on held granules, lowest address first. */
 	if (len / CVM_PACK_ALIGN <= UINT32_MAX) {
 		g = cvm_seg_first(&k->gaps, 0, (uint32_t)(len / CVM_PACK_ALIGN));
@@ -187,7 +187,7 @@ void cvm_pack_plan(const struct cvm_pack *k, size_t len, cvm_pack_avail_fn avail
 	if (c) {
 		size_t s = end_of(c), first = (s + gran - 1) >> k->gshift, last = (s + len - 1) >> k->gshift;
 
-		if (last >= first && last < k->npages && (!c->next || gfirst(k, c->next) > last) &&
+		if (last >= first && last < k->ngran && (!c->next || gfirst(k, c->next) > last) &&
 		    avail(arg, first, last - first + 1)) {
 			plan->off = s;
 			plan->g0 = first;
@@ -196,7 +196,7 @@ void cvm_pack_plan(const struct cvm_pack *k, size_t len, cvm_pack_avail_fn avail
 		}
 	}
 	/* 3. Granules anywhere. */
-	plan->fresh = true;
+	plan->anywhere = true;
 	plan->off = 0;
 	plan->g0 = 0;
 	plan->ng = (len + gran - 1) >> k->gshift;
@@ -286,7 +286,7 @@ struct cvm_pack_alloc *cvm_pack_find(const struct cvm_pack *k, size_t off)
 	size_t g = off >> k->gshift;
 	struct cvm_pack_alloc *x;
 
-	if (!k->head || g >= k->npages)
+	if (!k->head || g >= k->ngran)
 		return NULL;
 	for (x = k->head[g]; x && x->off <= off; x = x->next)
 		if (x->off == off)
@@ -302,10 +302,10 @@ int cvm_pack_check(const struct cvm_pack *k)
 	size_t n = 0, at;
 	int bad = 0;
 
-	for (size_t g = 0; g < k->npages && !x; g++)
+	for (size_t g = 0; g < k->ngran && !x; g++)
 		x = k->head[g];
-	live = calloc(k->npages, sizeof(*live));
-	head = calloc(k->npages, sizeof(*head));
+	live = calloc(k->ngran, sizeof(*live));
+	head = calloc(k->ngran, sizeof(*head));
 	if (!live || !head) {
 		free(live);
 		free(head);
@@ -317,7 +317,7 @@ int cvm_pack_check(const struct cvm_pack *k)
 			bad = 1; /* broken links */
 		else if (prev && end_of(prev) > x->off)
 			bad = 2; /* out of order or overlapping */
-		else if (x->len == 0 || x->off % CVM_PACK_ALIGN || x->len % CVM_PACK_ALIGN || glast(k, x) >= k->npages)
+		else if (x->len == 0 || x->off % CVM_PACK_ALIGN || x->len % CVM_PACK_ALIGN || glast(k, x) >= k->ngran)
 			bad = 3;
 		for (size_t g = gfirst(k, x); !bad && g <= glast(k, x); g++) {
 			live[g] += bytes_on(k, x, g);
@@ -327,7 +327,7 @@ int cvm_pack_check(const struct cvm_pack *k)
 	}
 	if (!bad && (n != k->n || k->last != prev))
 		bad = 5;
-	for (size_t g = 0; g < k->npages && !bad; g++) {
+	for (size_t g = 0; g < k->ngran && !bad; g++) {
 		if (live[g] != k->live[g])
 			bad = 6;
 		else if (head[g] != k->head[g])

@@ -37,7 +37,7 @@ struct cvm_pack_alloc {
 
 struct cvm_pack {
 	unsigned gshift;
-	size_t npages;
+	size_t ngran;
 	uint32_t *live;                /* per granule: bytes of allocations on it */
 	struct cvm_pack_alloc **head;  /* per granule: the first allocation touching it */
 	struct cvm_seg gaps;           /* per granule: longest gap starting in it, in CVM_PACK_ALIGN units */
@@ -48,18 +48,18 @@ struct cvm_pack {
 };
 
 /* Where an allocation goes: at byte `off`, on `ng` new granules from `g0` that the caller must provide
- * (ng 0: a gap on held granules). `fresh`: no place found; the caller provides ng granules anywhere and
+ * (ng 0: a gap on held granules). `anywhere`: no place found; the caller provides ng granules anywhere and
  * the allocation starts at the first (off is then set by the caller). */
 struct cvm_pack_plan {
 	size_t off, g0, ng;
-	bool fresh;
+	bool anywhere;
 };
 
 /* May the packer take granules [g, g + n) (free in the caller's eyes, not cut inside a larger chunk)? */
 typedef bool (*cvm_pack_avail_fn)(void *arg, size_t g, size_t n);
 
-/* Cover npages granules of 2^gshift bytes (gshift 9..31). CUVMM_ENOMEM / CUVMM_EINVAL on failure. */
-int cvm_pack_init(struct cvm_pack *k, size_t npages, unsigned gshift);
+/* Cover ngran granules of 2^gshift bytes (gshift 9..31). CUVMM_ENOMEM / CUVMM_EINVAL on failure. */
+int cvm_pack_init(struct cvm_pack *k, size_t ngran, unsigned gshift);
 /* Frees the bookkeeping of every allocation still placed. */
 void cvm_pack_fini(struct cvm_pack *k);
 /* Round a request to what the packer places. */
@@ -77,7 +77,7 @@ struct cvm_pack_alloc *cvm_pack_find(const struct cvm_pack *k, size_t off);
 /* Does the packer hold granule g (a byte of some allocation on it)? */
 static inline bool cvm_pack_holds(const struct cvm_pack *k, size_t g)
 {
-	return k->live && g < k->npages && k->live[g] != 0;
+	return k->live && g < k->ngran && k->live[g] != 0;
 }
 /* Check every invariant (live counts, heads, order, gap index); 0 or the number of the first violated. */
 int cvm_pack_check(const struct cvm_pack *k);

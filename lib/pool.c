@@ -73,10 +73,10 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	p->r.acct.live_private = true;
 	p->pacct.parent = &dev->acct;
 	snprintf(p->name, sizeof(p->name), "%s", cfg->name ? cfg->name : "pool");
-	p->edge = calloc(p->r.npages, sizeof(*p->edge));
+	p->edge = calloc(p->r.ngran, sizeof(*p->edge));
 	va = calloc(1, sizeof(*va));
 	cvm_slab_setup(p);
-	if (!p->edge || !va || cvm_seg_init(&p->vseg, p->r.npages) || cvm_seg_init(&p->fseg, p->r.npages) ||
+	if (!p->edge || !va || cvm_seg_init(&p->vseg, p->r.ngran) || cvm_seg_init(&p->fseg, p->r.ngran) ||
 	    cvm_pool_pack_init(p)) {
 		cvm_seg_fini(&p->vseg);
 		cvm_seg_fini(&p->fseg);
@@ -90,7 +90,7 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	cvm_list_init(&p->age);
 	cvm_list_init(&p->pend);
 	va->start = 0;
-	va->len = p->r.npages;
+	va->len = p->r.ngran;
 	va->kind = CVM_RUN_VA;
 	cvm_edges_set(p, va);
 	cvm_bin_insert(p, va);
@@ -114,7 +114,7 @@ void cuvmm_pool_destroy(struct cuvmm_pool *p)
 		cvm_warn("pool \"%s\" destroyed with %zu bytes still allocated", p->name, p->live);
 	cvm_acct_live(&p->pacct, -(int64_t)p->live);
 	cvm_slab_discard(p);
-	for (size_t g = 0; g < p->r.npages;) {
+	for (size_t g = 0; g < p->r.ngran;) {
 		struct cvm_run *run = p->edge[g];
 		size_t len = run->len;
 
@@ -143,7 +143,7 @@ static int pool_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void 
 	int err;
 
 	pthread_mutex_lock(&p->r.lock);
-	if (p->r.sleep) {
+	if (cvm_region_asleep(&p->r)) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -269,8 +269,8 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 
 		if (cap) {
 			pthread_mutex_lock(&p->r.lock);
-			bytes = p->r.sleep ? 0 : live_bytes_locked(p, a);
-			err = p->r.sleep ? CUVMM_ESTATE : CUVMM_OK;
+			bytes = cvm_region_asleep(&p->r) ? 0 : live_bytes_locked(p, a);
+			err = cvm_region_asleep(&p->r) ? CUVMM_ESTATE : CUVMM_OK;
 			pthread_mutex_unlock(&p->r.lock);
 			if (err)
 				return err;
@@ -282,7 +282,7 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 	}
 	g = (a - p->r.base) >> p->r.gshift;
 	pthread_mutex_lock(&p->r.lock);
-	if (p->r.sleep) {
+	if (cvm_region_asleep(&p->r)) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -357,7 +357,7 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 	if (!p || (mode != CUVMM_SLEEP_OFFLOAD && mode != CUVMM_SLEEP_DISCARD))
 		return CUVMM_EINVAL;
 	pthread_mutex_lock(&p->r.lock);
-	if (p->r.sleep) {
+	if (cvm_region_asleep(&p->r)) {
 		err = CUVMM_ESTATE;
 		goto out;
 	}
@@ -384,10 +384,10 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		 * 32 granules or more with handles of about k/16 granules (a power of two, up to 128 MiB), 16 to
 		 * 32 per allocation instead of k, for the wake and every later sleep. Run boundaries stay chunk
 		 * boundaries: the memory, once freed, is reused under the cut rule like any large-handle memory. */
-		for (size_t g = 0; g < p->r.npages; g += p->edge[g]->len) {
+		for (size_t g = 0; g < p->r.ngran; g += p->edge[g]->len) {
 			run = p->edge[g];
 			if (run->kind == CVM_RUN_USED && run->len >= 32)
-				cvm_sleep_coarsen(&p->r, run->start, run->len, cvm_large_cls(run->len));
+				cvm_region_sleep_coarsen(&p->r, run->start, run->len, cvm_large_cls(run->len));
 		}
 	}
 out:

@@ -143,7 +143,7 @@ static void pack_release(struct cuvmm_pool *p, struct cvm_pack_alloc *x, bool se
 int cvm_pool_pack_init(struct cuvmm_pool *p)
 {
 	p->pack_max = p->small_max ? (size_t)CVM_PACK_MAX_GRANULES << p->r.gshift : 0;
-	return cvm_pack_init(&p->pack, p->r.npages, p->r.gshift);
+	return cvm_pack_init(&p->pack, p->r.ngran, p->r.gshift);
 }
 
 void cvm_pool_pack_fini(struct cuvmm_pool *p)
@@ -178,13 +178,13 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	x->len = len;
 	x->bytes = bytes;
 	cvm_pack_plan(&p->pack, x->len, pack_avail, p, &plan);
-	if (!plan.fresh && plan.ng && pack_take(p, plan.g0, plan.ng)) {
+	if (!plan.anywhere && plan.ng && pack_take(p, plan.g0, plan.ng)) {
 		/* The bump failed (no memory, or a refused map): the way every allocation goes, on granules
 		 * of its own (the bump's ng counted only those past the cursor's last one). */
-		plan.fresh = true;
+		plan.anywhere = true;
 		plan.ng = (x->len + p->r.gran - 1) >> p->r.gshift;
 	}
-	if (plan.fresh) {
+	if (plan.anywhere) {
 		/* Not a stream's: other allocations will share its granules. */
 		err = cvm_get_run(p, plan.ng, NULL, true, &run);
 		if (!err) {
@@ -197,7 +197,7 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 		}
 	}
 	x->off = plan.off;
-	cvm_pack_insert(&p->pack, x, plan.fresh || plan.ng);
+	cvm_pack_insert(&p->pack, x, plan.anywhere || plan.ng);
 done:
 	cvm_pool_live_add(p, (int64_t)bytes);
 	*ptr = (void *)(p->r.base + x->off);

@@ -267,7 +267,7 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 			continue;
 		for (struct cvm_run *run = p->free.head[b]; run && scanned < 64; run = run->bnext, scanned++) {
 			size_t end = run->start + run->len;
-			struct cvm_run *right = end < p->r.npages ? p->edge[end] : NULL;
+			struct cvm_run *right = end < p->r.ngran ? p->edge[end] : NULL;
 			struct cvm_run *left = run->start ? p->edge[run->start - 1] : NULL;
 
 			if (run->len >= k || (best && run->len <= best->len) || !cvm_free_usable(p, run, stream))
@@ -328,7 +328,7 @@ int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, stru
 		pthread_mutex_unlock(&p->r.lock);
 		cvm_dev_sync_epoch(p->r.dev);
 		pthread_mutex_lock(&p->r.lock);
-		if (p->r.sleep)
+		if (cvm_region_asleep(&p->r))
 			return CUVMM_ESTATE; /* put to sleep meanwhile */
 		cvm_steal_slack(p, cvm_slack_cap_after(p, cvm_gbytes(p, k)));
 	}

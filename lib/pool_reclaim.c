@@ -79,7 +79,7 @@ int cvm_drop_slack(struct cuvmm_pool *p)
 	pthread_mutex_unlock(&p->r.lock);
 	cvm_dev_sync_epoch(p->r.dev);
 	pthread_mutex_lock(&p->r.lock);
-	if (p->r.sleep)
+	if (cvm_region_asleep(&p->r))
 		return CUVMM_ESTATE;
 	cvm_settle_pending(p, INT32_MAX);
 	for (run = p->age.lnext; run != &p->age; run = next) {
@@ -295,8 +295,8 @@ uint64_t cvm_pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 		pthread_mutex_lock(&p->r.lock);
 	else if (pthread_mutex_trylock(&p->r.lock))
 		return now + CVM_FENCE_POLL_NS;
-	next = p->r.sleep ? UINT64_MAX : reclaim_locked(p, now, force, 0);
-	if (force && !p->r.sleep)
+	next = cvm_region_asleep(&p->r) ? UINT64_MAX : reclaim_locked(p, now, force, 0);
+	if (force && !cvm_region_asleep(&p->r))
 		cvm_region_host_drop(&p->r);
 	cap = cvm_slack_cap(p);
 	free_bytes = p->free_bytes;
@@ -317,14 +317,14 @@ int cuvmm_pool_trim(struct cuvmm_pool *p, size_t keep_bytes)
 	if (!p)
 		return CUVMM_EINVAL;
 	pthread_mutex_lock(&p->r.lock);
-	asleep = p->r.sleep != NULL;
+	asleep = cvm_region_asleep(&p->r);
 	pthread_mutex_unlock(&p->r.lock);
 	if (asleep)
 		return CUVMM_ESTATE;
 	/* Stream frees first: wait for all work, so that every fence is complete. */
 	if (cvm_dev_sync_epoch(p->r.dev) == CUVMM_OK) {
 		pthread_mutex_lock(&p->r.lock);
-		if (!p->r.sleep) {
+		if (!cvm_region_asleep(&p->r)) {
 			reclaim_locked(p, cvm_now_ns(), true, keep_bytes);
 			cvm_region_host_drop(&p->r);
 		}

@@ -107,7 +107,7 @@ static bool free_compatible(const struct cvm_run *a, const struct cvm_run *b)
 struct cvm_run *cvm_coalesce(struct cuvmm_pool *p, struct cvm_run *run)
 {
 	struct cvm_run *left = run->start ? p->edge[run->start - 1] : NULL;
-	struct cvm_run *right = run->start + run->len < p->r.npages ? p->edge[run->start + run->len] : NULL;
+	struct cvm_run *right = run->start + run->len < p->r.ngran ? p->edge[run->start + run->len] : NULL;
 	struct cvm_run *nb[2] = {left, right};
 
 	for (int i = 0; i < 2; i++) {

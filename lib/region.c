@@ -168,6 +168,20 @@ int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chu
 	return CUVMM_OK;
 }
 
+int cvm_region_take_back_locked(struct cuvmm_region *r, size_t g)
+{
+	struct cvm_chunk *c = r->slot[g].chunk;
+	size_t span = cvm_span(r, c);
+	int err = cvm_region_grant_locked(r, g);
+
+	if (err)
+		return err;
+	for (size_t i = 0; i < span; i++)
+		r->slot[g + i].state = CVM_SLOT_MAPPED;
+	r->npending -= span;
+	return CUVMM_OK;
+}
+
 /* Unmap one chunk (first granule g) and hand it back to the device. On failure the chunk stays mapped
  * and its granules DONE, to be retried by a later pass. */
 static int chunk_unmap(struct cuvmm_region *r, size_t g)
@@ -373,7 +387,7 @@ uint64_t cvm_region_process_locked(struct cuvmm_region *r, uint64_t now, bool wa
 	}
 	if (!busy && r->npending && !r->fences) {
 		/* DONE granules left over from failed unmaps: retry them over the whole region. */
-		if (unmap_done(r, 0, r->npages))
+		if (unmap_done(r, 0, r->ngran))
 			busy = true;
 	}
 	return busy || r->fences ? now + CVM_FENCE_POLL_NS : UINT64_MAX;
@@ -544,7 +558,7 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 	r->cls0 = (uint8_t)cls0;
 	r->peers = peers;
 	r->size = size;
-	r->npages = size >> r->gshift;
+	r->ngran = size >> r->gshift;
 	r->acct.parent = &dev->acct;
 	r->cnt.parent = &dev->cnt;
 	r->client.ops = &region_ops;
@@ -554,7 +568,7 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
 	if (err)
 		return err == CUVMM_ENOMEM || err == CUVMM_EINVAL ? CUVMM_ENOSPC : err;
-	r->slot = calloc(r->npages, sizeof(*r->slot));
+	r->slot = calloc(r->ngran, sizeof(*r->slot));
 	if (!r->slot || pthread_mutex_init(&r->lock, NULL)) {
 		err = CUVMM_ENOMEM;
 		goto fail;
@@ -578,7 +592,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 	if (r->npending)
 		cvm_region_process_locked(r, cvm_now_ns(), true);
 	/* Whatever is still mapped: the caller guarantees no GPU work touches it any more. */
-	for (size_t g = 0; g < r->npages;) {
+	for (size_t g = 0; g < r->ngran;) {
 		struct cvm_chunk *c = r->slot[g].chunk;
 		size_t span = c ? cvm_span(r, c) : 1;
 
@@ -598,9 +612,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 		r->fences = f->next;
 		cvm_region_fence_drop_locked(r, f);
 	}
-	if (r->sleep)
-		cvm_sleep_discard(r);
-	cvm_region_host_drop(r);
+	cvm_region_sleep_fini(r);
 	pthread_mutex_unlock(&r->lock);
 	if (cvm_drv_unreserve(d, r->dev->index, r->base, r->size))
 		cvm_err("freeing %zu bytes of address space at %p failed", r->size, (void *)r->base);
@@ -685,7 +697,7 @@ int cuvmm_region_map(struct cuvmm_region *r, size_t offset, size_t len)
 	if (err)
 		return err;
 	pthread_mutex_lock(&r->lock);
-	if (r->sleep) {
+	if (cvm_region_asleep(r)) {
 		err = CUVMM_ESTATE;
 	} else {
 		if (r->npending)
@@ -715,7 +727,7 @@ static int fence_for(struct cuvmm_region *r, CUstream stream, size_t need, struc
 		pthread_mutex_lock(&r->lock);
 		if (err)
 			return err;
-		if (r->sleep)
+		if (cvm_region_asleep(r))
 			return CUVMM_ESTATE;
 	}
 	return cvm_region_fence_locked(r, stream, f);
@@ -742,7 +754,7 @@ int cuvmm_region_unmap(struct cuvmm_region *r, size_t offset, size_t len, CUstre
 	first = offset >> r->gshift;
 	n = len >> r->gshift;
 	pthread_mutex_lock(&r->lock);
-	if (r->sleep) {
+	if (cvm_region_asleep(r)) {
 		pthread_mutex_unlock(&r->lock);
 		return CUVMM_ESTATE;
 	}
@@ -767,13 +779,13 @@ int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream)
 		return CUVMM_EINVAL;
 	keep = (bytes + r->gran - 1) >> r->gshift;
 	pthread_mutex_lock(&r->lock);
-	if (r->sleep) {
+	if (cvm_region_asleep(r)) {
 		pthread_mutex_unlock(&r->lock);
 		return CUVMM_ESTATE;
 	}
 	if (r->npending)
 		cvm_region_process_locked(r, cvm_now_ns(), false);
-	err = fence_for(r, stream, cvm_region_count_locked(r, keep, r->npages - keep, CVM_SLOT_MAPPED), &f);
+	err = fence_for(r, stream, cvm_region_count_locked(r, keep, r->ngran - keep, CVM_SLOT_MAPPED), &f);
 	if (!err && keep)
 		err = cvm_region_map_locked(r, 0, keep, 0);
 	if (err) {
@@ -782,7 +794,7 @@ int cuvmm_region_resize(struct cuvmm_region *r, size_t bytes, CUstream stream)
 		return err;
 	}
 	if (f)
-		cvm_region_unmap_locked(r, keep, r->npages - keep, f);
+		cvm_region_unmap_locked(r, keep, r->ngran - keep, f);
 	after_unmap(r);
 	return CUVMM_OK;
 }
@@ -806,11 +818,11 @@ static int region_add_peer_locked(struct cuvmm_region *r, int peer)
 
 	if (r->peers & bit)
 		return CUVMM_OK;
-	for (size_t g = 0; g < r->npages;) {
+	for (size_t g = 0; g < r->ngran;) {
 		size_t run = g;
 		int err;
 
-		while (run < r->npages && r->slot[run].chunk && r->slot[run].state != CVM_SLOT_UNMAPPED &&
+		while (run < r->ngran && r->slot[run].chunk && r->slot[run].state != CVM_SLOT_UNMAPPED &&
 		       !r->slot[run].noacc)
 			run++;
 		if (run == g) {

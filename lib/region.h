@@ -9,7 +9,7 @@
  * device's cache.
  *
  * The internal functions below are for allocators built on regions (pool, kv). "_locked" functions expect
- * r->lock held.
+ * r->lock held. The region's sleep and wake (region_sleep.c, the same layer) are declared at the end.
  */
 #ifndef CVM_REGION_H
 #define CVM_REGION_H
@@ -41,22 +41,7 @@ struct cvm_unmap {
 	size_t first, n;     /* granules it covers (some may have been taken back since) */
 };
 
-struct cvm_sleep; /* sleep.c */
-/* Sleep and wake of the region's MAPPED chunks (sleep.c); the caller holds r->lock and has made sure no
- * granule is PENDING or DONE. */
-int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
-int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream);
-/*
- * While asleep: let the wake map granules [first, first + n) with chunks of up to 2^max_cls slots (aligned,
- * inside the range) instead of the chunks they had. The range must be wholly mapped in the record; the
- * contents are unaffected (the host copy is in address order either way). For a pool's allocations, whose
- * boundaries are all the chunk boundaries it needs: fewer handles for the wake and for every later sleep.
- */
-void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
-/* Give back the pinned buffer kept for the next sleep (trim, destroy). */
-void cvm_region_host_drop(struct cuvmm_region *r);
-/* Free a sleeping region's record and host copy (destroy of a sleeping object). */
-void cvm_sleep_discard(struct cuvmm_region *r);
+struct cvm_region_sleep; /* region_sleep.c's, opaque here */
 
 struct cuvmm_region {
 	struct cvm_client client;
@@ -68,14 +53,13 @@ struct cuvmm_region {
 	size_t gran;
 	unsigned gshift;      /* log2(gran) */
 	uint8_t cls0;         /* size class of a chunk of one slot: gran == device granularity << cls0 */
-	size_t npages;
+	size_t ngran;         /* granules: size >> gshift */
 	struct cvm_slot *slot;
 	struct cvm_unmap *fences;     /* pending unmaps, newest first */
 	uint32_t next_fence_id;
 	size_t npending;              /* granules PENDING or DONE */
-	struct cvm_sleep *sleep;      /* non-NULL while asleep */
-	void *host_keep;              /* pinned host copy kept after wake for the next sleep */
-	size_t host_keep_bytes;
+	struct cvm_region_sleep *zzz; /* region_sleep.c's: the record while asleep, the host copy kept for the
+				       * next sleep; NULL until the first sleep */
 	struct cvm_acct acct;
 	struct cvm_drv_counters cnt;
 	uint64_t peers;       /* devices granted access to every mapping (bit i: device i; its own included) */
@@ -169,5 +153,32 @@ struct cvm_granules {
  * the lock held, returns with it held. A chunk the driver refuses stays mapped, DONE, for a later pass to
  * retry. CUVMM_ENOMEM, nothing done and the lock kept, when there is no memory for the list. */
 int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granules *v, size_t nv);
+/* Take back, MAPPED with access, the quarantined chunk (DONE, see struct cvm_slot) whose first granule is
+ * g: the very chunk a sleeping region's record asks for at g. Live is not accounted. On failure (access
+ * refused) nothing changes. */
+int cvm_region_take_back_locked(struct cuvmm_region *r, size_t g);
+
+/*
+ * The region's sleep and wake (region_sleep.c): the record of its MAPPED chunks, their host copy, and the
+ * copy kept after a wake for the next sleep, all in struct cvm_region_sleep. region_sleep.c builds on the
+ * chunk calls above; region.c calls it only to ask whether the region sleeps and to free what it holds.
+ */
+/* Is the region asleep? (Its map, unmap and resize, and a pool's calls, then fail with CUVMM_ESTATE.) */
+bool cvm_region_asleep(const struct cuvmm_region *r);
+/* Sleep and wake of the region's MAPPED chunks; the caller holds r->lock and has made sure no granule is
+ * PENDING or DONE. */
+int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream);
+int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream);
+/*
+ * While asleep: let the wake map granules [first, first + n) with chunks of up to 2^max_cls slots (aligned,
+ * inside the range) instead of the chunks they had. The range must be wholly mapped in the record; the
+ * contents are unaffected (the host copy is in address order either way). For a pool's allocations, whose
+ * boundaries are all the chunk boundaries it needs: fewer handles for the wake and for every later sleep.
+ */
+void cvm_region_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
+/* Give back the pinned buffer kept for the next sleep (trim, destroy). */
+void cvm_region_host_drop(struct cuvmm_region *r);
+/* Free what sleep holds: a sleeping region's record and host copy, the kept host copy (cvm_region_fini). */
+void cvm_region_sleep_fini(struct cuvmm_region *r);
 
 #endif /* CVM_REGION_H */

@@ -21,7 +21,7 @@ struct shadow {
 	bool blocked[NPAGES]; /* the pool's own (a large allocation): never available */
 	struct cvm_pack_alloc *a[4096];
 	size_t n;
-	size_t fresh, bumps, gaps;
+	size_t anywhere, bumps, gaps;
 };
 
 static bool avail(void *arg, size_t g, size_t n)
@@ -59,27 +59,27 @@ static struct cvm_pack_alloc *sh_alloc(struct shadow *s, size_t bytes)
 
 	ck_assert_ptr_nonnull(x);
 	cvm_pack_plan(&s->k, len, avail, s, &plan);
-	if (plan.fresh) {
+	if (plan.anywhere) {
 		/* The lowest run of free granules, as map_fresh would. */
 		for (g = 0; g + plan.ng <= NPAGES && !avail(s, g, plan.ng); g++)
 			;
 		ck_assert_uint_lt(g + plan.ng, NPAGES + 1);
 		plan.g0 = g;
 		plan.off = g << GSHIFT;
-		s->fresh++;
+		s->anywhere++;
 	} else if (plan.ng) {
 		s->bumps++;
 	} else {
 		s->gaps++;
 	}
-	ck_assert_uint_eq(plan.ng, plan.fresh ? (len + GRAN - 1) / GRAN : plan.ng);
+	ck_assert_uint_eq(plan.ng, plan.anywhere ? (len + GRAN - 1) / GRAN : plan.ng);
 	/* The plan's new granules are free; the rest of the range lies on granules the packer holds. */
 	for (g = plan.off >> GSHIFT; g <= (plan.off + len - 1) >> GSHIFT; g++) {
-		bool fresh = g >= plan.g0 && g < plan.g0 + plan.ng;
+		bool newly = g >= plan.g0 && g < plan.g0 + plan.ng;
 
-		ck_assert_msg(fresh ? !s->taken[g] && !s->blocked[g] : s->taken[g],
-			      "granule %zu: new %d, taken %d", g, fresh, s->taken[g]);
-		ck_assert(fresh == !cvm_pack_holds(&s->k, g));
+		ck_assert_msg(newly ? !s->taken[g] && !s->blocked[g] : s->taken[g],
+			      "granule %zu: new %d, taken %d", g, newly, s->taken[g]);
+		ck_assert(newly == !cvm_pack_holds(&s->k, g));
 	}
 	for (g = plan.g0; g < plan.g0 + plan.ng; g++)
 		s->taken[g] = true;
@@ -142,10 +142,10 @@ START_TEST(test_pack_in_order_is_a_bump)
 			sh_alloc(&s, qwen_layer[i] - 7 * (size_t)l); /* odd sizes: rounded to 512 */
 			total += cvm_pack_len(qwen_layer[i] - 7 * (size_t)l);
 		}
-	printf("in order: %zu tensors, %zu MiB, %zu granules held (%zu fresh, %zu bumps, %zu in gaps)\n", s.n,
-	       total >> 20, sh_held(&s), s.fresh, s.bumps, s.gaps);
+	printf("in order: %zu tensors, %zu MiB, %zu granules held (%zu anywhere, %zu bumps, %zu in gaps)\n", s.n,
+	       total >> 20, sh_held(&s), s.anywhere, s.bumps, s.gaps);
 	ck_assert_uint_eq(sh_held(&s), (total + GRAN - 1) / GRAN);
-	ck_assert_uint_eq(s.fresh, 1);
+	ck_assert_uint_eq(s.anywhere, 1);
 	/* Contiguous: each allocation starts where the previous ended. */
 	for (size_t i = 1; i < s.n; i++)
 		ck_assert_uint_eq(s.a[i]->off, s.a[i - 1]->off + s.a[i - 1]->len);
@@ -197,7 +197,7 @@ START_TEST(test_pack_gaps_first_fit)
 }
 END_TEST
 
-/* The cursor extends only over granules the caller says it may have; otherwise a fresh run. */
+/* The cursor extends only over granules the caller says it may have; otherwise granules anywhere. */
 START_TEST(test_pack_bump_respects_avail)
 {
 	static struct shadow s;
@@ -208,7 +208,7 @@ START_TEST(test_pack_bump_respects_avail)
 	s.blocked[2] = true;               /* a large allocation of the pool */
 	b = sh_alloc(&s, GRAN);            /* does not fit a's tail, cannot extend over 2 */
 	ck_assert_uint_eq(b->off, 3 * GRAN);
-	ck_assert_uint_eq(s.fresh, 2);
+	ck_assert_uint_eq(s.anywhere, 2);
 	/* The next bumps from b, and a's tail (half a granule) still takes what fits. */
 	ck_assert_uint_eq(sh_alloc(&s, GRAN)->off, 4 * GRAN);
 	ck_assert_uint_eq(sh_alloc(&s, GRAN / 2)->off, a->off + a->len);
@@ -281,7 +281,7 @@ START_TEST(test_pack_churn)
 				maxheld = sh_held(&s);
 		}
 	}
-	printf("churn %d: %zu fresh, %zu bumps, %zu in gaps; at most %zu granules held\n", _i, s.fresh, s.bumps,
+	printf("churn %d: %zu anywhere, %zu bumps, %zu in gaps; at most %zu granules held\n", _i, s.anywhere, s.bumps,
 	       s.gaps, maxheld);
 	while (s.n)
 		sh_free(&s, s.n - 1);

@@ -813,7 +813,7 @@ END_TEST
 
 /* ----- the host copy: pinned in pieces, by several threads ----- */
 
-#define PIN_PIECE (64 * TC_MiB) /* lib/sleep.c's CVM_COPY_PIECE */
+#define PIN_PIECE (64 * TC_MiB) /* lib/region_sleep.c's CVM_COPY_PIECE */
 
 /* 72 granules, [0, 20) and [22, 70) mapped: spans of 40 and 96 MiB whose copies cross the host copy's
  * pieces (64 + 64 + 8 MiB) at 64 and 128 MiB, inside the second span. */

@@ -1,6 +1,8 @@
 /*
- * Sleep and wake of a region's mapped chunks: the layer under cuvmm_region_sleep/wake and
- * cuvmm_pool_sleep/wake.
+ * The region's sleep and wake: part of the region layer, under cuvmm_region_sleep/wake and
+ * cuvmm_pool_sleep/wake. Its state (the record while asleep, the host copy kept for the next sleep) is
+ * struct cvm_region_sleep, which the region holds (r->zzz) and only this file reads; it changes the
+ * region's slots only through region.c's chunk calls (region.h).
  *
  * Sleep records every mapped chunk (first granule, size class), copies their contents to one pinned host
  * buffer (OFFLOAD), unmaps them all and only then releases them, so that a failure anywhere before the
@@ -37,7 +39,7 @@
 #define CVM_COPY_PIECE ((size_t)64 << 20)
 #define CVM_PIN_ALIGN ((size_t)2 << 20) /* the host copy starts on a huge page */
 
-/* A pinned host copy: r->host_keep and struct cvm_sleep's host point to one. */
+/* A pinned host copy: struct cvm_region_sleep's keep and struct cvm_sleep's host point to one. */
 struct cvm_pinned {
 	char *p;
 	size_t bytes;   /* mapped: the copy's bytes rounded up to the page size */
@@ -269,6 +271,7 @@ struct cvm_sleep_chunk {
 	uint8_t cls;
 };
 
+/* The record of a sleeping region: its chunks and their contents. */
 struct cvm_sleep {
 	enum cuvmm_sleep_mode mode;
 	struct cvm_sleep_chunk *chunks;
@@ -276,6 +279,18 @@ struct cvm_sleep {
 	struct cvm_pinned *host; /* OFFLOAD: contents of the chunks, in order */
 	size_t host_bytes;
 };
+
+/* What sleep keeps in a region (r->zzz), made at its first sleep and freed with the region. */
+struct cvm_region_sleep {
+	struct cvm_sleep *rec;   /* non-NULL while asleep */
+	struct cvm_pinned *keep; /* pinned host copy kept after a wake for the next sleep */
+	size_t keep_bytes;
+};
+
+bool cvm_region_asleep(const struct cuvmm_region *r)
+{
+	return r->zzz && r->zzz->rec;
+}
 
 static size_t chunk_bytes(const struct cuvmm_region *r, const struct cvm_sleep_chunk *c)
 {
@@ -346,19 +361,25 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	struct cvm_sleep *s;
 	struct cvm_chunk **kept = NULL;
 	size_t n = 0;
+	struct cvm_region_sleep *z;
 	int err;
 
-	if (r->sleep)
+	if (cvm_region_asleep(r))
 		return CUVMM_ESTATE;
 	/* The copies and the fence must run now, not at a graph's replay. */
 	err = cvm_drv_refuse_captured(d, r->dev->index, stream);
 	if (err)
 		return err;
+	if (!r->zzz)
+		r->zzz = calloc(1, sizeof(*r->zzz));
+	z = r->zzz;
+	if (!z)
+		return CUVMM_ENOMEM;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return CUVMM_ENOMEM;
 	s->mode = mode;
-	for (size_t g = 0; g < r->npages; g += r->slot[g].chunk ? cvm_span(r, r->slot[g].chunk) : 1)
+	for (size_t g = 0; g < r->ngran; g += r->slot[g].chunk ? cvm_span(r, r->slot[g].chunk) : 1)
 		n += r->slot[g].state == CVM_SLOT_MAPPED;
 	s->chunks = calloc(n ? n : 1, sizeof(*s->chunks));
 	kept = calloc(n ? n : 1, sizeof(*kept));
@@ -366,7 +387,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		err = CUVMM_ENOMEM;
 		goto fail;
 	}
-	for (size_t g = 0; g < r->npages;) {
+	for (size_t g = 0; g < r->ngran;) {
 		struct cvm_chunk *c = r->slot[g].chunk;
 
 		if (c && r->slot[g].state == CVM_SLOT_MAPPED) {
@@ -387,10 +408,10 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		 * pinned buffer an earlier wake kept, if it is large enough. */
 		struct pin_job *pin = NULL;
 
-		if (r->host_keep && r->host_keep_bytes >= s->host_bytes) {
-			s->host = r->host_keep;
-			r->host_keep = NULL;
-			r->host_keep_bytes = 0;
+		if (z->keep && z->keep_bytes >= s->host_bytes) {
+			s->host = z->keep;
+			z->keep = NULL;
+			z->keep_bytes = 0;
 		} else {
 			cvm_region_host_drop(r);
 			err = pin_start(d, s->host_bytes, &pin);
@@ -441,7 +462,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	cvm_info("sleep (%s): gave %.1f MiB (%zu chunks) back to the driver", mode == CUVMM_SLEEP_OFFLOAD ?
 		 "offload" : "discard", slept / 1048576.0, s->nchunks);
 	free(kept);
-	r->sleep = s;
+	z->rec = s;
 	return CUVMM_OK;
 fail:
 	pinned_free(d, s->host);
@@ -475,7 +496,7 @@ static int copy_in(struct cuvmm_region *r, uintptr_t dev, const struct cvm_pinne
  */
 int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 {
-	struct cvm_sleep *s = r->sleep;
+	struct cvm_sleep *s = cvm_region_asleep(r) ? r->zzz->rec : NULL;
 	struct cvm_drv *d = CVM_DRV(r->dev);
 	bool copy = s && s->mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes;
 	size_t i, off = 0, piece = 0, piece_first = 0;
@@ -501,12 +522,9 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 				err = CUVMM_EDRIVER;
 				goto undo;
 			}
-			err = cvm_region_grant_locked(r, g);
+			err = cvm_region_take_back_locked(r, g);
 			if (err)
 				goto undo;
-			for (size_t j = 0; j < cvm_span(r, c); j++)
-				r->slot[g + j].state = CVM_SLOT_MAPPED;
-			r->npending -= cvm_span(r, c);
 		} else {
 			err = cvm_phys_get(&r->dev->phys, s->chunks[i].cls, &r->cnt, &c);
 			if (err)
@@ -537,12 +555,12 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 		if (err)
 			goto undo; /* i == nchunks: all of them */
 		/* Kept, pinned, for the next sleep; trim and destroy give it back. */
-		r->host_keep = s->host;
-		r->host_keep_bytes = s->host_bytes;
+		r->zzz->keep = s->host;
+		r->zzz->keep_bytes = s->host_bytes;
 	}
 	free(s->chunks);
 	free(s);
-	r->sleep = NULL;
+	r->zzz->rec = NULL;
 	return CUVMM_OK;
 undo:
 	/* Copies already queued write into what is about to be unmapped: let them finish first. Nothing
@@ -562,9 +580,9 @@ undo:
 	return err;
 }
 
-void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls)
+void cvm_region_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls)
 {
-	struct cvm_sleep *s = r->sleep;
+	struct cvm_sleep *s = cvm_region_asleep(r) ? r->zzz->rec : NULL;
 	size_t lo = 0, hi, g, m = 0, end = first + n;
 
 	if (!s || !n)
@@ -605,21 +623,28 @@ void cvm_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned 
 
 void cvm_region_host_drop(struct cuvmm_region *r)
 {
-	pinned_free(CVM_DRV(r->dev), r->host_keep);
-	r->host_keep = NULL;
-	r->host_keep_bytes = 0;
+	if (!r->zzz)
+		return;
+	pinned_free(CVM_DRV(r->dev), r->zzz->keep);
+	r->zzz->keep = NULL;
+	r->zzz->keep_bytes = 0;
 }
 
-void cvm_sleep_discard(struct cuvmm_region *r)
+void cvm_region_sleep_fini(struct cuvmm_region *r)
 {
-	struct cvm_sleep *s = r->sleep;
+	struct cvm_sleep *s;
 
-	if (!s)
+	if (!r->zzz)
 		return;
-	pinned_free(CVM_DRV(r->dev), s->host);
-	free(s->chunks);
-	free(s);
-	r->sleep = NULL;
+	s = r->zzz->rec;
+	if (s) {
+		pinned_free(CVM_DRV(r->dev), s->host);
+		free(s->chunks);
+		free(s);
+	}
+	cvm_region_host_drop(r);
+	free(r->zzz);
+	r->zzz = NULL;
 }
 
 static int check_mode(enum cuvmm_sleep_mode mode)
@@ -634,7 +659,7 @@ int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstr
 	if (!r || check_mode(mode))
 		return CUVMM_EINVAL;
 	pthread_mutex_lock(&r->lock);
-	if (r->sleep) {
+	if (cvm_region_asleep(r)) {
 		err = CUVMM_ESTATE;
 	} else {
 		/* Pending unmaps are not contents: finish them (waiting for their fences) before sleeping. */
