@@ -381,13 +381,14 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 	/* (not with chunks quarantined by a refused unmap: the wake takes them back as recorded) */
 	if (!err && !cvm_region_pending_locked(&p->r)) {
 		/* A pool that sleeps holds weights, or something as long-lived: the wake maps each allocation of
-		 * 32 granules or more with handles of about k/16 granules (a power of two, up to 128 MiB), 16 to
-		 * 32 per allocation instead of k, for the wake and every later sleep. Run boundaries stay chunk
-		 * boundaries: the memory, once freed, is reused under the cut rule like any large-handle memory. */
+		 * 32 granules or more with handles as large as fit (powers of two, up to 128 MiB: a 128 MiB tensor
+		 * in one handle instead of 64), for the wake and every later sleep, whose unmaps and releases then
+		 * cost little beside the copies. Run boundaries stay chunk boundaries: the memory, once freed, is
+		 * reused under the cut rule like any large-handle memory. */
 		for (size_t g = 0; g < p->r.ngran; g += p->edge[g]->len) {
 			run = p->edge[g];
 			if (run->kind == CVM_RUN_USED && run->len >= 32)
-				cvm_region_sleep_coarsen(&p->r, run->start, run->len, cvm_large_cls(run->len));
+				cvm_region_sleep_coarsen(&p->r, run->start, run->len, cvm_whole_cls(run->len));
 		}
 	}
 out:

@@ -85,6 +85,8 @@ void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, const struct cvm
 int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, struct cvm_run **out);
 /* The chunk class (in granules) of large handles for an allocation of k >= 16 granules. */
 unsigned cvm_large_cls(size_t k);
+/* Handles as large as fit in k granules: the largest power of two <= k, at most 2^CVM_POOL_MAX_CLS granules. */
+unsigned cvm_whole_cls(size_t k);
 /* The granules an allocation of k granules would take from the start of FREE run `run` (every run boundary a
  * chunk boundary), or 0 if it cannot. */
 size_t cvm_cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k);

@@ -140,14 +140,18 @@ unsigned cvm_large_cls(size_t k)
  * allocation maps fresh memory: then handles as large as fit (up to 2^CVM_POOL_MAX_CLS granules), so that
  * mapping and unmapping cost a few driver calls per allocation, as cudaMalloc does, instead of one per granule.
  */
+unsigned cvm_whole_cls(size_t k)
+{
+	unsigned cls = 63 - (unsigned)__builtin_clzll(k);
+
+	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
+}
+
 static unsigned fresh_cls(const struct cuvmm_pool *p, size_t k)
 {
-	unsigned cls;
-
 	if (!cvm_policy_at_once(&p->r.ctx->policy))
 		return k < CVM_POOL_BIG ? 0 : cvm_large_cls(k);
-	cls = 63 - (unsigned)__builtin_clzll(k);
-	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
+	return cvm_whole_cls(k);
 }
 
 /* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
