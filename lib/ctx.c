@@ -111,8 +111,9 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 	}
 	for (int i = 0; i < CVM_MAX_DEVICES; i++) {
 		ctx->dev[i].ctx = ctx;
-		ctx->dev[i].index = i;
-		cvm_fence_dev_init(&ctx->dev[i].fence, &ctx->drv, i);
+		ctx->dev[i].drv.drv = &ctx->drv;
+		ctx->dev[i].drv.index = i;
+		cvm_fence_dev_init(&ctx->dev[i].fence, &ctx->dev[i].drv);
 		/* No attributes: these cannot fail on Linux, as the other mutexes of the library. */
 		pthread_mutex_init(&ctx->dev[i].pass_lock, NULL);
 		pthread_mutex_init(&ctx->dev[i].regions_lock, NULL);
@@ -176,7 +177,7 @@ void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx)
 		if (!c)
 			break;
 		cvm_warn("context destroyed with a %s still alive on device %d; destroying it", c->ops->kind,
-			 c->dev->index);
+			 c->dev->drv.index);
 		c->destroy(c);
 	}
 	cvm_pub_close(ctx);
@@ -226,11 +227,9 @@ static int dev_phys_init(struct cvm_dev *dev)
 	struct cuvmm_ctx *ctx = dev->ctx;
 	size_t limit = ctx->cfg.device_limit_bytes, total = dev->info.total_bytes;
 	struct cvm_phys_params par = {
-		.drv = &ctx->drv,
-		.device = dev->index,
+		.dd = &dev->drv,
 		.granularity = dev->info.granularity,
 		.limit = limit && limit < total ? limit : total,
-		.cnt = &dev->cnt,
 		.acct = &dev->acct,
 		.policy = &ctx->policy,
 		.wake = phys_wake,
@@ -320,14 +319,14 @@ int cuvmm_ctx_can_access_peer(struct cuvmm_ctx *ctx, int device, int peer, bool 
 
 uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks)
 {
-	return cvm_policy_lead(&dev->ctx->policy, &dev->cnt, chunks);
+	return cvm_policy_lead(&dev->ctx->policy, &dev->drv.cnt, chunks);
 }
 
 int cvm_dev_sync(struct cvm_dev *dev)
 {
-	if (!cvm_graph_quiet(dev->ctx, dev->index))
+	if (!cvm_graph_quiet(dev->ctx, dev->drv.index))
 		return CUVMM_EBUSY;
-	return cvm_drv_device_sync(CVM_DRV(dev), dev->index);
+	return cvm_drv_device_sync(&dev->drv);
 }
 
 int cvm_dev_sync_epoch(struct cvm_dev *dev)
@@ -537,7 +536,7 @@ int cuvmm_ctx_stats(struct cuvmm_ctx *ctx, int device, struct cuvmm_stats *out)
 	err = cvm_ctx_dev(ctx, device, &dev);
 	if (err)
 		return err == CUVMM_ENODEV ? CUVMM_EINVAL : err;
-	cvm_acct_fill(&dev->acct, &dev->cnt, out);
+	cvm_acct_fill(&dev->acct, &dev->drv.cnt, out);
 	return CUVMM_OK;
 }
 

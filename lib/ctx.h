@@ -20,11 +20,10 @@
 
 struct cvm_dev {
 	struct cuvmm_ctx *ctx;
-	int index;
+	struct cvm_drv_dev drv; /* its connection, index, and the counters of every driver call made for it */
 	_Atomic bool opened;
 	pthread_mutex_t pass_lock; /* one reclaim pass at a time on this device's clients and cache */
 	struct cvm_devinfo info;
-	struct cvm_drv_counters cnt; /* every driver call made for this device */
 	struct cvm_acct acct;        /* every byte on this device */
 	struct cvm_phys phys;
 	struct cvm_fence_dev fence; /* its epochs and event cache: every fence of the device's objects (fence.h) */
@@ -123,7 +122,5 @@ static inline void cvm_ctx_kick_freed(struct cuvmm_ctx *ctx, uint64_t since)
 void cvm_ctx_poll(struct cuvmm_ctx *ctx);
 /* One reclaim pass over every client and device; returns the next deadline. */
 uint64_t cvm_ctx_reclaim(struct cuvmm_ctx *ctx, uint64_t now, bool force, int device, size_t keep);
-
-#define CVM_DRV(dev) (&(dev)->ctx->drv)
 
 #endif /* CVM_CTX_H */

@@ -206,62 +206,70 @@ static inline int logged(enum cuvmm_call call, int cu, uint64_t t0)
 	return cu_to_err(noted(call, cu, t0));
 }
 
-int cvm_drv_reserve(struct cvm_drv *d, int dev, size_t size, uintptr_t *va)
+int cvm_drv_reserve(struct cvm_drv_dev *dd, size_t size, uintptr_t *va)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_RESERVE, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_RESERVE, d->be->reserve(d->state, dev, size, va), t0);
+	return err ? err : logged(CUVMM_CALL_RESERVE, d->be->reserve(d->state, dd->index, size, va), t0);
 }
 
-int cvm_drv_unreserve(struct cvm_drv *d, int dev, uintptr_t va, size_t size)
+int cvm_drv_unreserve(struct cvm_drv_dev *dd, uintptr_t va, size_t size)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_UNRESERVE, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_UNRESERVE, d->be->unreserve(d->state, dev, va, size), t0);
+	return err ? err : logged(CUVMM_CALL_UNRESERVE, d->be->unreserve(d->state, dd->index, va, size), t0);
 }
 
-int cvm_drv_create(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, size_t size, cvm_handle *h)
+int cvm_drv_create(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, size_t size, cvm_handle *h)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_CREATE, true, &t0);
 
-	return err ? err : counted(CUVMM_CALL_CREATE, cnt, d->be->create(d->state, dev, size, h), t0);
+	return err ? err : counted(CUVMM_CALL_CREATE, cnt, d->be->create(d->state, dd->index, size, h), t0);
 }
 
-int cvm_drv_release(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, cvm_handle h)
+int cvm_drv_release(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, cvm_handle h)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_RELEASE, true, &t0);
 
-	return err ? err : counted(CUVMM_CALL_RELEASE, cnt, d->be->release(d->state, dev, h), t0);
+	return err ? err : counted(CUVMM_CALL_RELEASE, cnt, d->be->release(d->state, dd->index, h), t0);
 }
 
-int cvm_drv_map(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size, cvm_handle h)
+int cvm_drv_map(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uintptr_t va, size_t size, cvm_handle h)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_MAP, true, &t0);
 
-	return err ? err : counted(CUVMM_CALL_MAP, cnt, d->be->map(d->state, dev, va, size, h), t0);
+	return err ? err : counted(CUVMM_CALL_MAP, cnt, d->be->map(d->state, dd->index, va, size, h), t0);
 }
 
-int cvm_drv_unmap(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size)
+int cvm_drv_unmap(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uintptr_t va, size_t size)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_UNMAP, true, &t0);
 
-	return err ? err : counted(CUVMM_CALL_UNMAP, cnt, d->be->unmap(d->state, dev, va, size), t0);
+	return err ? err : counted(CUVMM_CALL_UNMAP, cnt, d->be->unmap(d->state, dd->index, va, size), t0);
 }
 
-int cvm_drv_set_access(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size)
+int cvm_drv_set_access(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uintptr_t va, size_t size)
 {
-	return cvm_drv_set_access_devs(d, cnt, dev, 0, va, size);
+	return cvm_drv_set_access_devs(dd, cnt, 0, va, size);
 }
 
-int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uint64_t devs, uintptr_t va,
+int cvm_drv_set_access_devs(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uint64_t devs, uintptr_t va,
 			    size_t size)
 {
+	struct cvm_drv *d = dd->drv;
+	int dev = dd->index;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_SET_ACCESS, true, &t0);
 
@@ -269,17 +277,19 @@ int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int
 	return err ? err : counted(CUVMM_CALL_SET_ACCESS, cnt, d->be->set_access(d->state, dev, va, size, devs), t0);
 }
 
-int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev)
+int cvm_drv_event_create(struct cvm_drv_dev *dd, cvm_event *ev)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_EVENT_CREATE, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_EVENT_CREATE, d->be->event_create(d->state, dev, ev), t0);
+	return err ? err : logged(CUVMM_CALL_EVENT_CREATE, d->be->event_create(d->state, dd->index, ev), t0);
 }
 
-void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev)
+void cvm_drv_event_destroy(struct cvm_drv_dev *dd, cvm_event ev)
 {
-	int cu = d->be->event_destroy(d->state, dev, ev);
+	struct cvm_drv *d = dd->drv;
+	int cu = d->be->event_destroy(d->state, dd->index, ev);
 
 	if (cu)
 		cvm_warn("destroying an event failed (CUresult %d)", cu);
@@ -290,10 +300,10 @@ void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev)
  * on a stream under capture it would become a node of the graph instead, and an event recorded there can
  * never be queried. Refused before the driver sees it.
  */
-int cvm_drv_refuse_captured(struct cvm_drv *d, int dev, CUstream stream)
+int cvm_drv_refuse_captured(struct cvm_drv_dev *dd, CUstream stream)
 {
 	uint64_t cap = 0;
-	int err = cvm_drv_capture_id(d, dev, stream, &cap);
+	int err = cvm_drv_capture_id(dd, stream, &cap);
 
 	if (err)
 		return err;
@@ -304,27 +314,29 @@ int cvm_drv_refuse_captured(struct cvm_drv *d, int dev, CUstream stream)
 	return CUVMM_OK;
 }
 
-int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream)
+int cvm_drv_event_record(struct cvm_drv_dev *dd, cvm_event ev, CUstream stream)
 {
-	int err = cvm_drv_refuse_captured(d, dev, stream);
+	int err = cvm_drv_refuse_captured(dd, stream);
 
 	if (err)
 		return err;
-	return cvm_drv_event_record_uncaptured(d, dev, ev, stream);
+	return cvm_drv_event_record_uncaptured(dd, ev, stream);
 }
 
-int cvm_drv_event_record_uncaptured(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream)
+int cvm_drv_event_record_uncaptured(struct cvm_drv_dev *dd, cvm_event ev, CUstream stream)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_EVENT_RECORD, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_EVENT_RECORD, d->be->event_record(d->state, dev, ev, stream), t0);
+	return err ? err : logged(CUVMM_CALL_EVENT_RECORD, d->be->event_record(d->state, dd->index, ev, stream), t0);
 }
 
-int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev)
+int cvm_drv_event_done(struct cvm_drv_dev *dd, cvm_event ev)
 {
+	struct cvm_drv *d = dd->drv;
 	int inj = injected(d, CUVMM_CALL_EVENT_QUERY);
-	int cu = inj ? inj : d->be->event_query(d->state, dev, ev);
+	int cu = inj ? inj : d->be->event_query(d->state, dd->index, ev);
 
 	if (cu == CVM_CU_NOT_READY)
 		return 0;
@@ -333,61 +345,68 @@ int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev)
 	return cu ? cu_to_err(cu) : 1;
 }
 
-int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev)
+int cvm_drv_event_sync(struct cvm_drv_dev *dd, cvm_event ev)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_EVENT_SYNC, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_EVENT_SYNC, d->be->event_sync(d->state, dev, ev), t0);
+	return err ? err : logged(CUVMM_CALL_EVENT_SYNC, d->be->event_sync(d->state, dd->index, ev), t0);
 }
 
-int cvm_drv_device_sync(struct cvm_drv *d, int dev)
+int cvm_drv_device_sync(struct cvm_drv_dev *dd)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_DEVICE_SYNC, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_DEVICE_SYNC, d->be->device_sync(d->state, dev), t0);
+	return err ? err : logged(CUVMM_CALL_DEVICE_SYNC, d->be->device_sync(d->state, dd->index), t0);
 }
 
-int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event ev)
+int cvm_drv_stream_wait(struct cvm_drv_dev *dd, CUstream stream, cvm_event ev)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_STREAM_WAIT, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_STREAM_WAIT, d->be->stream_wait(d->state, dev, stream, ev), t0);
+	return err ? err : logged(CUVMM_CALL_STREAM_WAIT, d->be->stream_wait(d->state, dd->index, stream, ev), t0);
 }
 
-int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream)
+int cvm_drv_copy_dtoh(struct cvm_drv_dev *dd, void *dst, uintptr_t src, size_t size, CUstream stream)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
-	int err = cvm_drv_refuse_captured(d, dev, stream);
+	int err = cvm_drv_refuse_captured(dd, stream);
 
 	if (!err)
 		err = call_begin(d, CUVMM_CALL_COPY, false, &t0);
-	return err ? err : logged(CUVMM_CALL_COPY, d->be->copy_dtoh(d->state, dev, dst, src, size, stream), t0);
+	return err ? err : logged(CUVMM_CALL_COPY, d->be->copy_dtoh(d->state, dd->index, dst, src, size, stream), t0);
 }
 
-int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream)
+int cvm_drv_copy_htod(struct cvm_drv_dev *dd, uintptr_t dst, const void *src, size_t size, CUstream stream)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
-	int err = cvm_drv_refuse_captured(d, dev, stream);
+	int err = cvm_drv_refuse_captured(dd, stream);
 
 	if (!err)
 		err = call_begin(d, CUVMM_CALL_COPY, false, &t0);
-	return err ? err : logged(CUVMM_CALL_COPY, d->be->copy_htod(d->state, dev, dst, src, size, stream), t0);
+	return err ? err : logged(CUVMM_CALL_COPY, d->be->copy_htod(d->state, dd->index, dst, src, size, stream), t0);
 }
 
-int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream)
+int cvm_drv_stream_sync(struct cvm_drv_dev *dd, CUstream stream)
 {
-	int err = cvm_drv_refuse_captured(d, dev, stream);
+	struct cvm_drv *d = dd->drv;
+	int err = cvm_drv_refuse_captured(dd, stream);
 
 	if (err)
 		return err;
-	return cu_to_err(d->be->stream_sync(d->state, dev, stream));
+	return cu_to_err(d->be->stream_sync(d->state, dd->index, stream));
 }
 
-int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id)
+int cvm_drv_capture_id(struct cvm_drv_dev *dd, CUstream stream, uint64_t *id)
 {
+	struct cvm_drv *d = dd->drv;
 	if (!stream) {
 		*id = 0;
 		return CUVMM_OK;
@@ -395,7 +414,7 @@ int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_CAPTURE_INFO, false, &t0);
 
-	return err ? err : logged(CUVMM_CALL_CAPTURE_INFO, d->be->capture_id(d->state, dev, stream, id), t0);
+	return err ? err : logged(CUVMM_CALL_CAPTURE_INFO, d->be->capture_id(d->state, dd->index, stream, id), t0);
 }
 
 int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can)
@@ -416,16 +435,18 @@ int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can)
 	return err;
 }
 
-int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size)
+int cvm_drv_host_register(struct cvm_drv_dev *dd, void *p, size_t size)
 {
+	struct cvm_drv *d = dd->drv;
 	uint64_t t0 = 0;
 	int err = call_begin(d, CUVMM_CALL_HOST_REGISTER, false, &t0);
 
 	return err ? err : logged(CUVMM_CALL_HOST_REGISTER, d->be->host_register(d->state, p, size), t0);
 }
 
-void cvm_drv_host_unregister(struct cvm_drv *d, void *p)
+void cvm_drv_host_unregister(struct cvm_drv_dev *dd, void *p)
 {
+	struct cvm_drv *d = dd->drv;
 	int cu = d->be->host_unregister(d->state, p);
 
 	if (cu)

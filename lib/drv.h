@@ -114,49 +114,66 @@ struct cvm_drv {
 	_Atomic uint64_t calls[CUVMM_CALL_COUNT_];
 };
 
+/*
+ * A device as the driver layer sees it: its connection, its index, and the counters of every driver call
+ * made for it. The context's device (ctx.h, struct cvm_dev) embeds it as `drv`; the layers below the
+ * context (phys.h, fence.h) are given a pointer to it; the per-device wrappers take it.
+ */
+struct cvm_drv_dev {
+	struct cvm_drv *drv;
+	int index;                   /* the driver's device index */
+	struct cvm_drv_counters cnt; /* the parent of its objects' counters */
+};
+
 int cvm_drv_open(struct cvm_drv *d, const struct cuvmm_config *cfg);
 void cvm_drv_close(struct cvm_drv *d);
 
 /* Record a CUresult as this thread's last driver error (for errors noticed outside the wrappers). */
 void cvm_drv_set_last(int cu);
 
-/* The wrappers. All return CUVMM_OK or a negative CUVMM code. `cnt` may be NULL. */
+/* The connection's devices: counted, opened (before their struct cvm_drv_dev is used) and closed. */
 int cvm_drv_device_count(struct cvm_drv *d, int *count);
 int cvm_drv_device_open(struct cvm_drv *d, int dev, struct cvm_devinfo *info);
 void cvm_drv_device_close(struct cvm_drv *d, int dev);
-int cvm_drv_reserve(struct cvm_drv *d, int dev, size_t size, uintptr_t *va);
-int cvm_drv_unreserve(struct cvm_drv *d, int dev, uintptr_t va, size_t size);
-int cvm_drv_create(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, size_t size, cvm_handle *h);
-int cvm_drv_release(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, cvm_handle h);
-int cvm_drv_map(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size, cvm_handle h);
-int cvm_drv_unmap(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size);
-int cvm_drv_set_access(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uintptr_t va, size_t size);
-/* The same for the devices of the mask `devs` (bit i: device i), which must include `dev`. */
-int cvm_drv_set_access_devs(struct cvm_drv *d, struct cvm_drv_counters *cnt, int dev, uint64_t devs, uintptr_t va,
-			    size_t size);
-/* *can: whether device `dev` can access memory on device `peer` (always for dev == peer, with no call). */
+/* *can: whether device `dev` can access memory on device `peer` (always for dev == peer, with no call).
+ * Between two devices of the connection, neither of which needs to be opened. */
 int cvm_drv_can_access_peer(struct cvm_drv *d, int dev, int peer, bool *can);
-int cvm_drv_event_create(struct cvm_drv *d, int dev, cvm_event *ev);
-void cvm_drv_event_destroy(struct cvm_drv *d, int dev, cvm_event ev);
-int cvm_drv_event_record(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream);
+
+/* The wrappers: calls for one device. All return CUVMM_OK or a negative CUVMM code. `cnt` (the calling
+ * object's counters, whose parent is dd->cnt, or dd->cnt itself) may be NULL: the call is then not counted. */
+int cvm_drv_reserve(struct cvm_drv_dev *dd, size_t size, uintptr_t *va);
+int cvm_drv_unreserve(struct cvm_drv_dev *dd, uintptr_t va, size_t size);
+int cvm_drv_create(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, size_t size, cvm_handle *h);
+int cvm_drv_release(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, cvm_handle h);
+int cvm_drv_map(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uintptr_t va, size_t size, cvm_handle h);
+int cvm_drv_unmap(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uintptr_t va, size_t size);
+int cvm_drv_set_access(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uintptr_t va, size_t size);
+/* The same for the devices of the mask `devs` (bit i: device i), to which dd's own is added. */
+int cvm_drv_set_access_devs(struct cvm_drv_dev *dd, struct cvm_drv_counters *cnt, uint64_t devs, uintptr_t va,
+			    size_t size);
+int cvm_drv_event_create(struct cvm_drv_dev *dd, cvm_event *ev);
+void cvm_drv_event_destroy(struct cvm_drv_dev *dd, cvm_event ev);
+int cvm_drv_event_record(struct cvm_drv_dev *dd, cvm_event ev, CUstream stream);
 /* The same for a caller that has just seen `stream` not capturing (one driver call fewer on a hot path). */
-int cvm_drv_event_record_uncaptured(struct cvm_drv *d, int dev, cvm_event ev, CUstream stream);
+int cvm_drv_event_record_uncaptured(struct cvm_drv_dev *dd, cvm_event ev, CUstream stream);
 /* 1: complete, 0: not yet, <0: error. */
-int cvm_drv_event_done(struct cvm_drv *d, int dev, cvm_event ev);
-int cvm_drv_event_sync(struct cvm_drv *d, int dev, cvm_event ev);
-int cvm_drv_device_sync(struct cvm_drv *d, int dev);
-int cvm_drv_stream_wait(struct cvm_drv *d, int dev, CUstream stream, cvm_event ev);
-int cvm_drv_copy_dtoh(struct cvm_drv *d, int dev, void *dst, uintptr_t src, size_t size, CUstream stream);
-int cvm_drv_copy_htod(struct cvm_drv *d, int dev, uintptr_t dst, const void *src, size_t size, CUstream stream);
-int cvm_drv_stream_sync(struct cvm_drv *d, int dev, CUstream stream);
+int cvm_drv_event_done(struct cvm_drv_dev *dd, cvm_event ev);
+int cvm_drv_event_sync(struct cvm_drv_dev *dd, cvm_event ev);
+int cvm_drv_device_sync(struct cvm_drv_dev *dd);
+int cvm_drv_stream_wait(struct cvm_drv_dev *dd, CUstream stream, cvm_event ev);
+int cvm_drv_copy_dtoh(struct cvm_drv_dev *dd, void *dst, uintptr_t src, size_t size, CUstream stream);
+int cvm_drv_copy_htod(struct cvm_drv_dev *dd, uintptr_t dst, const void *src, size_t size, CUstream stream);
+int cvm_drv_stream_sync(struct cvm_drv_dev *dd, CUstream stream);
 /* CUVMM_ENOTSUP if `stream` is being captured (work queued there would be captured into the graph instead of
  * running); event_record, the copies and stream_sync check it themselves. */
-int cvm_drv_refuse_captured(struct cvm_drv *d, int dev, CUstream stream);
+int cvm_drv_refuse_captured(struct cvm_drv_dev *dd, CUstream stream);
 /* The id of the capture under way on `stream` (0: none). A NULL stream is never captured: 0, no call. */
-int cvm_drv_capture_id(struct cvm_drv *d, int dev, CUstream stream, uint64_t *id);
-/* Pin host memory for copies (CUVMM_CALL_HOST_REGISTER), unpin it (a refusal is logged, not returned). */
-int cvm_drv_host_register(struct cvm_drv *d, void *p, size_t size);
-void cvm_drv_host_unregister(struct cvm_drv *d, void *p);
+int cvm_drv_capture_id(struct cvm_drv_dev *dd, CUstream stream, uint64_t *id);
+/* Pin host memory for the copies of this device (CUVMM_CALL_HOST_REGISTER), unpin it (a refusal is logged,
+ * not returned). The registration is portable (usable by every device): dd names the connection, for one
+ * shape at every call site. */
+int cvm_drv_host_register(struct cvm_drv_dev *dd, void *p, size_t size);
+void cvm_drv_host_unregister(struct cvm_drv_dev *dd, void *p);
 
 /* The host backend's test hooks (gates, stream capture, peers, registered bytes) are declared in drv_test.h,
  * for tests only. */

@@ -8,11 +8,10 @@
 #include "fence.h"
 #include "log.h"
 
-void cvm_fence_dev_init(struct cvm_fence_dev *fd, struct cvm_drv *drv, int device)
+void cvm_fence_dev_init(struct cvm_fence_dev *fd, struct cvm_drv_dev *dd)
 {
 	memset(fd, 0, sizeof(*fd));
-	fd->drv = drv;
-	fd->device = device;
+	fd->dd = dd;
 	atomic_init(&fd->epoch, 1);
 	atomic_init(&fd->safe_epoch, 1);
 	/* No attributes: cannot fail on Linux, as the other mutexes of the library. */
@@ -22,7 +21,7 @@ void cvm_fence_dev_init(struct cvm_fence_dev *fd, struct cvm_drv *drv, int devic
 void cvm_fence_dev_fini(struct cvm_fence_dev *fd)
 {
 	for (size_t i = 0; i < fd->n; i++)
-		cvm_drv_event_destroy(fd->drv, fd->device, fd->ev[i]);
+		cvm_drv_event_destroy(fd->dd, fd->ev[i]);
 	free(fd->ev);
 	fd->ev = NULL;
 	fd->n = fd->cap = 0;
@@ -38,7 +37,7 @@ int cvm_fence_event_get(struct cvm_fence_dev *fd, cvm_event *ev)
 		return CUVMM_OK;
 	}
 	pthread_mutex_unlock(&fd->lock);
-	return cvm_drv_event_create(fd->drv, fd->device, ev);
+	return cvm_drv_event_create(fd->dd, ev);
 }
 
 void cvm_fence_event_put(struct cvm_fence_dev *fd, cvm_event ev)
@@ -61,7 +60,7 @@ void cvm_fence_event_put(struct cvm_fence_dev *fd, cvm_event ev)
 	}
 	pthread_mutex_unlock(&fd->lock);
 	if (ev)
-		cvm_drv_event_destroy(fd->drv, fd->device, ev);
+		cvm_drv_event_destroy(fd->dd, ev);
 }
 
 uint64_t cvm_fence_sync_begin(struct cvm_fence_dev *fd)
@@ -86,9 +85,9 @@ static int record(struct cvm_fence_dev *fd, struct cvm_fence *f, CUstream stream
 	if (err)
 		return err;
 	if (uncaptured)
-		err = cvm_drv_event_record_uncaptured(fd->drv, fd->device, ev, stream);
+		err = cvm_drv_event_record_uncaptured(fd->dd, ev, stream);
 	else
-		err = cvm_drv_event_record(fd->drv, fd->device, ev, stream);
+		err = cvm_drv_event_record(fd->dd, ev, stream);
 	if (err) {
 		cvm_fence_event_put(fd, ev);
 		return err;
@@ -125,7 +124,7 @@ int cvm_fence_done(struct cvm_fence_dev *fd, struct cvm_fence *f)
 	if (f->done)
 		return 1;
 	if (f->ev) {
-		done = cvm_drv_event_done(fd->drv, fd->device, f->ev);
+		done = cvm_drv_event_done(fd->dd, f->ev);
 		if (done < 0)
 			return done;
 	} else {
@@ -149,7 +148,7 @@ int cvm_fence_wait(struct cvm_fence_dev *fd, struct cvm_fence *f)
 	/* ev only: `done` may be written meanwhile by the owner, under its lock, which a waiter does not hold. */
 	if (!f->ev)
 		return CUVMM_OK;
-	return cvm_drv_event_sync(fd->drv, fd->device, f->ev);
+	return cvm_drv_event_sync(fd->dd, f->ev);
 }
 
 void cvm_fence_clear(struct cvm_fence_dev *fd, struct cvm_fence *f)

@@ -13,8 +13,9 @@
  * cvm_fence_new and counted (cvm_fence_ref/unref): the event goes back to the cache with the last reference,
  * so it is never recycled while someone still waits on it.
  *
- * The layer knows nothing of the context: cvm_fence_dev_init gets the device's driver and index. Events come
- * from, and go back to, the device's cache (under its own mutex, a leaf), so that a fence rarely creates one.
+ * The layer knows nothing of the context: cvm_fence_dev_init gets the device as the driver layer sees it
+ * (struct cvm_drv_dev: its connection and index). Events come from, and go back to, the device's cache
+ * (under its own mutex, a leaf), so that a fence rarely creates one.
  */
 #ifndef CVM_FENCE_H
 #define CVM_FENCE_H
@@ -29,8 +30,7 @@
 
 /* A device's fence state: its epochs and its event cache. */
 struct cvm_fence_dev {
-	struct cvm_drv *drv;
-	int device;
+	struct cvm_drv_dev *dd; /* the device's driver connection and index */
 	/* A free without a stream is tagged with `epoch`; once a device synchronisation that started after the
 	 * free has returned, safe_epoch exceeds the tag. */
 	_Atomic uint64_t epoch, safe_epoch;
@@ -47,7 +47,7 @@ struct cvm_fence {
 	bool done;        /* known complete */
 };
 
-void cvm_fence_dev_init(struct cvm_fence_dev *fd, struct cvm_drv *drv, int device);
+void cvm_fence_dev_init(struct cvm_fence_dev *fd, struct cvm_drv_dev *dd);
 /* Destroy the cached events (before the device is closed). */
 void cvm_fence_dev_fini(struct cvm_fence_dev *fd);
 /* An event from the cache, or a new one; and back (destroyed beyond CVM_FENCE_CACHE_MAX). */

@@ -230,7 +230,7 @@ int cvm_graph_own(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, CUstream stream, 
 	int err = CUVMM_ENOMEM;
 
 	pthread_mutex_lock(&g->lock);
-	c = capture_get(g, cap, stream, p->r.dev->index);
+	c = capture_get(g, cap, stream, p->r.dev->drv.index);
 	if (c)
 		err = block_add(g, c->gp, p, ptr, bytes, &b);
 	pthread_mutex_unlock(&g->lock);
@@ -260,7 +260,7 @@ int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, void *ptr, CUstr
 			ret = CUVMM_EINVAL;
 			goto out;
 		}
-		c = capture_get(g, cap, stream, p->r.dev->index);
+		c = capture_get(g, cap, stream, p->r.dev->drv.index);
 		ret = c ? block_add(g, c->gp, p, ptr, bytes, &b) : CUVMM_ENOMEM;
 		if (ret)
 			goto out;
@@ -303,7 +303,7 @@ static bool capture_ended(struct cuvmm_ctx *ctx, struct cvm_capture *c)
 
 	if (cvm_ctx_dev(ctx, c->device, &dev))
 		return true;
-	if (cvm_drv_capture_id(CVM_DRV(dev), c->device, c->stream, &id))
+	if (cvm_drv_capture_id(&dev->drv, c->stream, &id))
 		return true;
 	return id != c->id;
 }
@@ -370,7 +370,7 @@ int cuvmm_capture_pool(struct cuvmm_ctx *ctx, int device, CUstream stream, uint6
 	err = cvm_ctx_dev(ctx, device, &dev);
 	if (err)
 		return err;
-	err = cvm_drv_capture_id(CVM_DRV(dev), device, stream, &cap);
+	err = cvm_drv_capture_id(&dev->drv, stream, &cap);
 	if (err)
 		return err;
 	if (!cap)

@@ -145,11 +145,9 @@ int cvm_phys_init(struct cvm_phys *p, const struct cvm_phys_params *par)
 		pthread_mutex_destroy(&p->lock);
 		return CUVMM_ENOMEM;
 	}
-	p->drv = par->drv;
-	p->device = par->device;
+	p->dd = par->dd;
 	p->granularity = par->granularity;
 	p->limit = par->limit;
-	p->cnt = par->cnt;
 	p->acct = par->acct;
 	p->policy = par->policy;
 	p->wake = par->wake;
@@ -166,12 +164,12 @@ int cvm_phys_init(struct cvm_phys *p, const struct cvm_phys_params *par)
 static size_t chunk_release(struct cvm_phys *p, struct cvm_chunk *c, bool taken)
 {
 	size_t size = c->size;
-	int err = cvm_drv_release(p->drv, p->cnt, p->device, c->h);
+	int err = cvm_drv_release(p->dd, &p->dd->cnt, c->h);
 
 	if (err) {
 		/* The driver kept it, so it is still held: back into the cache, to be retried by a later pass. */
 		cvm_err("releasing a %zu-byte chunk on device %d failed: %s (CUresult %d); will retry", c->size,
-			p->device, cuvmm_strerror(err), cuvmm_last_driver_error());
+			p->dd->index, cuvmm_strerror(err), cuvmm_last_driver_error());
 		atomic_fetch_add(&p->release_failures, 1);
 		pthread_mutex_lock(&p->lock);
 		cache_insert(p, c);
@@ -277,7 +275,7 @@ again:
 	c->size = size;
 	c->cls = (uint8_t)cls;
 	c->created = true;
-	err = cvm_drv_create(p->drv, cnt ? cnt : p->cnt, p->device, size, &c->h);
+	err = cvm_drv_create(p->dd, cnt ? cnt : &p->dd->cnt, size, &c->h);
 	if (err == CUVMM_ENOMEM) {
 		/* The device is full even though we are under our limit: give back the whole cache and retry. */
 		pthread_mutex_lock(&p->lock);
@@ -285,7 +283,7 @@ again:
 		pthread_mutex_unlock(&p->lock);
 		if (evict) {
 			release_chain(p, evict);
-			err = cvm_drv_create(p->drv, cnt ? cnt : p->cnt, p->device, size, &c->h);
+			err = cvm_drv_create(p->dd, cnt ? cnt : &p->dd->cnt, size, &c->h);
 		}
 	}
 	if (err)
@@ -358,7 +356,7 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 		keep_bytes = pol->retain_bytes;
 	}
 	/* Oldest first; the most recently freed keep_bytes stay. Released early enough to be done on time. */
-	lead = force ? 0 : cvm_policy_lead(pol, p->cnt, p->ncached);
+	lead = force ? 0 : cvm_policy_lead(pol, &p->dd->cnt, p->ncached);
 	while ((c = p->age.anext) != &p->age && p->cached - c->size >= keep_bytes) {
 		if (!force && !cvm_policy_due(pol, c->freed_ns, now, lead)) {
 			next = cvm_policy_deadline(pol, c->freed_ns, lead);
@@ -377,7 +375,7 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 	/* The release decision, for "why is my memory still held": what went back, why, and what stays. */
 	if (n)
 		cvm_info("device %d: gave %.1f MiB (%u chunks) back to the driver: %s; %.1f MiB stay cached (keep %.1f MiB)",
-			 p->device, gone / 1048576.0, n,
+			 p->dd->index, gone / 1048576.0, n,
 			 !force ? "free for release_delay_ms" :
 			 cvm_policy_at_once(pol) ? "release_delay_ms is 0" : "trim, sleep or destroy",
 			 left / 1048576.0, keep_bytes / 1048576.0);
@@ -398,7 +396,7 @@ void cvm_phys_fini(struct cvm_phys *p)
 {
 	cvm_phys_reclaim(p, cvm_now_ns(), true, 0);
 	if (p->held)
-		cvm_warn("device %d: %zu bytes of chunks still in use at context destruction", p->device,
+		cvm_warn("device %d: %zu bytes of chunks still in use at context destruction", p->dd->index,
 			 p->held);
 	pthread_mutex_destroy(&p->lock);
 	pthread_mutex_destroy(&p->acct->lock);

@@ -7,8 +7,9 @@
  * chunks stay cached for reuse and are released when the release policy (policy.h) says they are due,
  * beyond its retain_bytes (most recently freed kept first).
  *
- * The layer knows nothing of the context: cvm_phys_init gets the device's driver, counters and account,
- * its limit, the policy and a wake-up callback, through which it reports when cached chunks come due.
+ * The layer knows nothing of the context: cvm_phys_init gets the device as the driver layer sees it
+ * (struct cvm_drv_dev: its connection, index and call counters), its account, its limit, the policy and a
+ * wake-up callback, through which it reports when cached chunks come due.
  *
  * Locking: one mutex per device, never held across a call that waits for the GPU. Callers may hold their
  * own object lock when calling in (lock order: object, then phys). Releases to the driver happen outside
@@ -68,11 +69,11 @@ int cvm_stats_check(const struct cuvmm_stats *out);
 
 /* What physical memory is given at init: its device and the rules it follows. */
 struct cvm_phys_params {
-	struct cvm_drv *drv;
-	int device;                             /* the driver's index */
+	/* The device's driver connection and index, and its counters: every call counted, the release lead's
+	 * cost. Outlives the cvm_phys. */
+	struct cvm_drv_dev *dd;
 	size_t granularity;                     /* the size of a chunk of class 0 */
 	size_t limit;                           /* the most it may hold (SIZE_MAX: no limit) */
-	struct cvm_drv_counters *cnt;           /* the device's: every call counted, the release lead's cost */
 	struct cvm_acct *acct;                  /* the device's account (its lock is initialised here) */
 	const struct cvm_policy *policy;        /* when cached chunks go back; outlives the cvm_phys */
 	/* Called (with no phys lock held) when cached chunks come due at `deadline` (ns), so that a reclaim
@@ -84,10 +85,8 @@ struct cvm_phys_params {
 struct cvm_phys {
 	pthread_mutex_t lock;
 	/* From cvm_phys_params, read-only after init. */
-	struct cvm_drv *drv;
-	int device;
+	struct cvm_drv_dev *dd;
 	size_t granularity, limit;
-	struct cvm_drv_counters *cnt;
 	struct cvm_acct *acct;
 	const struct cvm_policy *policy;
 	void (*wake)(void *arg, uint64_t deadline);

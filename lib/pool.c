@@ -205,7 +205,7 @@ static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 
 	if (!p || !ptr || bytes == 0 || bytes > p->r.size)
 		return bytes > 0 && p && ptr ? CUVMM_ENOSPC : CUVMM_EINVAL;
-	err = cvm_drv_capture_id(CVM_DRV(p->r.dev), p->r.dev->index, stream, &cap);
+	err = cvm_drv_capture_id(&p->r.dev->drv, stream, &cap);
 	if (err)
 		return err;
 	if (!cap) {
@@ -257,7 +257,7 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 	if (a < p->r.base || a >= p->r.base + p->r.size || (a & 255))
 		return CUVMM_EINVAL;
 	if (async && stream) {
-		err = cvm_drv_capture_id(CVM_DRV(p->r.dev), p->r.dev->index, stream, &cap);
+		err = cvm_drv_capture_id(&p->r.dev->drv, stream, &cap);
 		if (err)
 			return err;
 		if (!cap)

@@ -170,7 +170,7 @@ static void snap_objects(struct cuvmm_ctx *ctx, struct cvm_pub_page *s)
 		o = &s->obj[s->nobj++];
 		snprintf(o->kind, sizeof(o->kind), "%s", c->ops->kind);
 		snprintf(o->name, sizeof(o->name), "%s", name);
-		o->device = c->dev->index;
+		o->device = c->dev->drv.index;
 		o->held = st.held_bytes;
 		o->live = st.live_bytes;
 	}
@@ -185,7 +185,7 @@ static void snap_devices(struct cuvmm_ctx *ctx, struct cvm_pub_page *s)
 
 		if (!atomic_load(&dev->opened))
 			continue;
-		cvm_acct_fill(&dev->acct, &dev->cnt, &st); /* one snapshot: mapped <= held */
+		cvm_acct_fill(&dev->acct, &dev->drv.cnt, &st); /* one snapshot: mapped <= held */
 		d = &s->dev[s->ndev++];
 		d->index = i;
 		d->held = st.held_bytes;

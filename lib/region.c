@@ -54,7 +54,7 @@ void cvm_region_fence_drop_locked(struct cuvmm_region *r, struct cvm_unmap *u)
 /* Grant [va, va+size) to the devices that get access to the region's memory: the one place that does. */
 static int region_access(struct cuvmm_region *r, uintptr_t va, size_t size)
 {
-	return cvm_drv_set_access_devs(CVM_DRV(r->dev), &r->cnt, r->dev->index, r->peers, va, size);
+	return cvm_drv_set_access_devs(&r->dev->drv, &r->cnt, r->peers, va, size);
 }
 
 static void slots_set(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state)
@@ -127,7 +127,7 @@ int cvm_region_grant_locked(struct cuvmm_region *r, size_t g)
 int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk **keep)
 {
 	struct cvm_chunk *c = r->slot[g].chunk;
-	int err = cvm_drv_unmap(CVM_DRV(r->dev), &r->cnt, r->dev->index, (uintptr_t)slot_va(r, g), c->size);
+	int err = cvm_drv_unmap(&r->dev->drv, &r->cnt, (uintptr_t)slot_va(r, g), c->size);
 
 	if (err) {
 		cvm_err("unmapping %zu bytes at %p failed: %s (CUresult %d)", c->size, slot_va(r, g),
@@ -144,9 +144,9 @@ int cvm_region_chunk_unmap_locked(struct cuvmm_region *r, size_t g, struct cvm_c
 
 int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chunk *c, uint8_t state)
 {
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_drv_dev *d = &r->dev->drv;
 	uintptr_t va = (uintptr_t)slot_va(r, g);
-	int err = cvm_drv_map(d, &r->cnt, r->dev->index, va, c->size, c->h);
+	int err = cvm_drv_map(d, &r->cnt, va, c->size, c->h);
 
 	if (err) {
 		cvm_phys_undo(&r->dev->phys, c);
@@ -154,7 +154,7 @@ int cvm_region_chunk_map_locked(struct cuvmm_region *r, size_t g, struct cvm_chu
 	}
 	err = region_access(r, va, c->size);
 	if (err) {
-		if (cvm_drv_unmap(d, &r->cnt, r->dev->index, va, c->size)) {
+		if (cvm_drv_unmap(d, &r->cnt, va, c->size)) {
 			/* Still mapped: it must not reach the cache (another object would map it twice). */
 			cvm_acct_map(&r->acct, (int64_t)c->size);
 			cvm_region_quarantine_locked(r, g, c);
@@ -215,7 +215,7 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 
 int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls)
 {
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_drv_dev *d = &r->dev->drv;
 	size_t end = first + n, g = first, newly = 0, back = 0;
 	int err = CUVMM_OK;
 
@@ -243,7 +243,7 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 			err = cvm_phys_get(&r->dev->phys, r->cls0 + cls, &r->cnt, &c);
 			if (err)
 				goto undo;
-			err = cvm_drv_map(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, j), c->size, c->h);
+			err = cvm_drv_map(d, &r->cnt, (uintptr_t)slot_va(r, j), c->size, c->h);
 			if (err) {
 				cvm_phys_undo(&r->dev->phys, c);
 				goto undo;
@@ -430,7 +430,7 @@ int cvm_region_release_locked(struct cuvmm_region *r, size_t first, size_t n, ui
 
 int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granules *v, size_t nv)
 {
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_drv_dev *d = &r->dev->drv;
 	struct { size_t g; struct cvm_chunk *c; uint64_t since; int err; } *u;
 	size_t n = 0, i = 0;
 
@@ -451,7 +451,7 @@ int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granule
 		}
 	pthread_mutex_unlock(&r->lock);
 	for (i = 0; i < n; i++)
-		u[i].err = cvm_drv_unmap(d, &r->cnt, r->dev->index, (uintptr_t)slot_va(r, u[i].g), u[i].c->size);
+		u[i].err = cvm_drv_unmap(d, &r->cnt, (uintptr_t)slot_va(r, u[i].g), u[i].c->size);
 	pthread_mutex_lock(&r->lock);
 	for (i = 0; i < n; i++) {
 		size_t span = cvm_span(r, u[i].c);
@@ -560,12 +560,12 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 	r->size = size;
 	r->ngran = size >> r->gshift;
 	r->acct.parent = &dev->acct;
-	r->cnt.parent = &dev->cnt;
+	r->cnt.parent = &dev->drv.cnt;
 	r->client.ops = &region_ops;
 	r->client.dev = dev;
 	/* Reserve before allocating the per-granule table: a range that cannot be reserved is ENOSPC, and its
 	 * table (16 bytes per granule: 128 GiB for 2^63 bytes) must not be tried, let alone fail first. */
-	err = cvm_drv_reserve(CVM_DRV(dev), device, size, &r->base);
+	err = cvm_drv_reserve(&dev->drv, size, &r->base);
 	if (err)
 		return err == CUVMM_ENOMEM || err == CUVMM_EINVAL ? CUVMM_ENOSPC : err;
 	r->slot = calloc(r->ngran, sizeof(*r->slot));
@@ -577,7 +577,7 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 	dev_link(r);
 	return CUVMM_OK;
 fail:
-	if (cvm_drv_unreserve(CVM_DRV(dev), device, r->base, size))
+	if (cvm_drv_unreserve(&dev->drv, r->base, size))
 		cvm_err("freeing %zu bytes of address space at %p failed", size, (void *)r->base);
 	free(r->slot);
 	return err;
@@ -585,7 +585,7 @@ fail:
 
 void cvm_region_fini(struct cuvmm_region *r)
 {
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_drv_dev *d = &r->dev->drv;
 
 	dev_unlink(r);
 	pthread_mutex_lock(&r->lock);
@@ -614,7 +614,7 @@ void cvm_region_fini(struct cuvmm_region *r)
 	}
 	cvm_region_sleep_fini(r);
 	pthread_mutex_unlock(&r->lock);
-	if (cvm_drv_unreserve(d, r->dev->index, r->base, r->size))
+	if (cvm_drv_unreserve(d, r->base, r->size))
 		cvm_err("freeing %zu bytes of address space at %p failed", r->size, (void *)r->base);
 	cvm_acct_reserved(&r->acct, -(int64_t)r->size);
 	/* What is still counted live (a sleeping region's, or chunks that could not be unmapped) goes too. */
@@ -829,7 +829,7 @@ static int region_add_peer_locked(struct cuvmm_region *r, int peer)
 			g++;
 			continue;
 		}
-		err = cvm_drv_set_access_devs(CVM_DRV(r->dev), &r->cnt, r->dev->index, bit, (uintptr_t)slot_va(r, g),
+		err = cvm_drv_set_access_devs(&r->dev->drv, &r->cnt, bit, (uintptr_t)slot_va(r, g),
 					      (run - g) << r->gshift);
 		if (err)
 			return err;

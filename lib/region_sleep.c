@@ -57,7 +57,7 @@ static size_t piece_len(const struct cvm_pinned *h, size_t i)
 	return h->bytes - off < CVM_COPY_PIECE ? h->bytes - off : CVM_COPY_PIECE;
 }
 
-static void pinned_free(struct cvm_drv *d, struct cvm_pinned *h)
+static void pinned_free(struct cvm_drv_dev *d, struct cvm_pinned *h)
 {
 	if (!h)
 		return;
@@ -114,7 +114,7 @@ static int pinned_map(size_t bytes, struct cvm_pinned **out)
 
 /* The pinning of one host copy in progress: workers claim pieces in order (next), touch and register them. */
 struct pin_job {
-	struct cvm_drv *d;
+	struct cvm_drv_dev *d;
 	struct cvm_pinned *h;
 	_Atomic size_t next;
 	_Atomic int err;   /* the first failure; set, it stops the claiming */
@@ -204,7 +204,7 @@ static int pin_wait(struct pin_job *j, size_t i)
 /* Start pinning a new host copy of `bytes`: map it, start the workers: $CUVMM_PIN_THREADS pinning threads
  * (at most one per piece), the sleeping thread one of them (pin_wait), so one thread starts no worker. A
  * worker that cannot be started leaves its share to the others. */
-static int pin_start(struct cvm_drv *d, size_t bytes, struct pin_job **out)
+static int pin_start(struct cvm_drv_dev *d, size_t bytes, struct pin_job **out)
 {
 	struct pin_job *j = calloc(1, sizeof(*j));
 	unsigned want;
@@ -302,7 +302,7 @@ static size_t chunk_bytes(const struct cuvmm_region *r, const struct cvm_sleep_c
  * first failure. */
 static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, struct pin_job *pin, CUstream stream)
 {
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_drv_dev *d = &r->dev->drv;
 	size_t off = 0;
 
 	for (size_t i = 0; i < s->nchunks;) {
@@ -322,19 +322,19 @@ static int copy_out(struct cuvmm_region *r, struct cvm_sleep *s, struct pin_job 
 				n = bytes - done;
 			err = pin_wait(pin, h / CVM_COPY_PIECE);
 			if (!err)
-				err = cvm_drv_copy_dtoh(d, r->dev->index, s->host->p + h, dev, n, stream);
+				err = cvm_drv_copy_dtoh(d, s->host->p + h, dev, n, stream);
 
 			if (err) {
 				/* Pieces already queued still read or write both sides: let them finish before the
 				 * caller unmaps device memory or frees the host copy. */
-				cvm_drv_stream_sync(d, r->dev->index, stream);
+				cvm_drv_stream_sync(d, stream);
 				return err;
 			}
 			done += n;
 		}
 		off += bytes;
 	}
-	return cvm_drv_stream_sync(d, r->dev->index, stream);
+	return cvm_drv_stream_sync(d, stream);
 }
 
 /* Map chunks [0, n) of `kept` back at their granules (undo of a partial unmap). Returns true if all went
@@ -357,7 +357,7 @@ static bool remap_kept(struct cuvmm_region *r, struct cvm_sleep *s, struct cvm_c
 
 int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstream stream)
 {
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_drv_dev *d = &r->dev->drv;
 	struct cvm_sleep *s;
 	struct cvm_chunk **kept = NULL;
 	size_t n = 0;
@@ -367,7 +367,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	if (cvm_region_asleep(r))
 		return CUVMM_ESTATE;
 	/* The copies and the fence must run now, not at a graph's replay. */
-	err = cvm_drv_refuse_captured(d, r->dev->index, stream);
+	err = cvm_drv_refuse_captured(d, stream);
 	if (err)
 		return err;
 	if (!r->zzz)
@@ -426,7 +426,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 			goto fail;
 	} else if (stream) {
 		/* DISCARD still waits for the work on the stream before taking the memory away. */
-		err = cvm_drv_stream_sync(d, r->dev->index, stream);
+		err = cvm_drv_stream_sync(d, stream);
 		if (err)
 			goto fail;
 	}
@@ -482,7 +482,7 @@ static int copy_in(struct cuvmm_region *r, uintptr_t dev, const struct cvm_pinne
 
 		if (k > n - done)
 			k = n - done;
-		err = cvm_drv_copy_htod(CVM_DRV(r->dev), r->dev->index, dev + done, h->p + off + done, k, stream);
+		err = cvm_drv_copy_htod(&r->dev->drv, dev + done, h->p + off + done, k, stream);
 		if (err)
 			return err;
 		done += k;
@@ -497,14 +497,14 @@ static int copy_in(struct cuvmm_region *r, uintptr_t dev, const struct cvm_pinne
 int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 {
 	struct cvm_sleep *s = cvm_region_asleep(r) ? r->zzz->rec : NULL;
-	struct cvm_drv *d = CVM_DRV(r->dev);
+	struct cvm_drv_dev *d = &r->dev->drv;
 	bool copy = s && s->mode == CUVMM_SLEEP_OFFLOAD && s->host_bytes;
 	size_t i, off = 0, piece = 0, piece_first = 0;
 	int err = CUVMM_OK;
 
 	if (!s)
 		return CUVMM_ESTATE;
-	err = cvm_drv_refuse_captured(d, r->dev->index, stream);
+	err = cvm_drv_refuse_captured(d, stream);
 	if (err)
 		return err;
 	/* Chunks an earlier wake could not unmap stay quarantined at their granules: unmap them now if the
@@ -551,7 +551,7 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 		}
 	}
 	if (copy) {
-		err = cvm_drv_stream_sync(d, r->dev->index, stream);
+		err = cvm_drv_stream_sync(d, stream);
 		if (err)
 			goto undo; /* i == nchunks: all of them */
 		/* Kept, pinned, for the next sleep; trim and destroy give it back. */
@@ -566,7 +566,7 @@ undo:
 	/* Copies already queued write into what is about to be unmapped: let them finish first. Nothing
 	 * written matters: unmap what this call mapped; the host copy stays. */
 	if (copy)
-		cvm_drv_stream_sync(d, r->dev->index, stream);
+		cvm_drv_stream_sync(d, stream);
 	while (i-- > 0) {
 		struct cvm_chunk *c = r->slot[s->chunks[i].g].chunk;
 
@@ -625,7 +625,7 @@ void cvm_region_host_drop(struct cuvmm_region *r)
 {
 	if (!r->zzz)
 		return;
-	pinned_free(CVM_DRV(r->dev), r->zzz->keep);
+	pinned_free(&r->dev->drv, r->zzz->keep);
 	r->zzz->keep = NULL;
 	r->zzz->keep_bytes = 0;
 }
@@ -638,7 +638,7 @@ void cvm_region_sleep_fini(struct cuvmm_region *r)
 		return;
 	s = r->zzz->rec;
 	if (s) {
-		pinned_free(CVM_DRV(r->dev), s->host);
+		pinned_free(&r->dev->drv, s->host);
 		free(s->chunks);
 		free(s);
 	}

@@ -287,20 +287,20 @@ static void join_streams(struct cuvmm_pool *p, struct rec *r, CUstream on)
 
 		if (r->streams[i] == on)
 			continue;
-		err = cvm_drv_event_create(CVM_DRV(dev), dev->index, &ev);
+		err = cvm_drv_event_create(&dev->drv, &ev);
 		if (err)
 			goto fail;
-		err = cvm_drv_event_record(CVM_DRV(dev), dev->index, ev, r->streams[i]);
+		err = cvm_drv_event_record(&dev->drv, ev, r->streams[i]);
 		if (!err)
-			err = cvm_drv_stream_wait(CVM_DRV(dev), dev->index, on, ev);
-		cvm_drv_event_destroy(CVM_DRV(dev), dev->index, ev); /* freed once it has completed */
+			err = cvm_drv_stream_wait(&dev->drv, on, ev);
+		cvm_drv_event_destroy(&dev->drv, ev); /* freed once it has completed */
 		if (!err)
 			continue;
 fail:
 		/* No way to order the free: wait for the other stream instead. */
 		cvm_warn("record_stream: cannot order a free after another stream (%s); synchronising it",
 			 cuvmm_strerror(err));
-		cvm_drv_stream_sync(CVM_DRV(dev), dev->index, r->streams[i]);
+		cvm_drv_stream_sync(&dev->drv, r->streams[i]);
 	}
 	free(r->streams);
 	free(r);

@@ -258,7 +258,7 @@ START_TEST(test_reclaim_delay_and_retain)
 	ck_assert_uint_le(next, now + delay_ns);
 	/* Due early enough for the releases to be done by then (4 chunks at the measured cost per call). */
 	{
-		uint64_t lead = cvm_policy_lead(fx.p->policy, fx.p->cnt, 4);
+		uint64_t lead = cvm_policy_lead(fx.p->policy, &fx.p->dd->cnt, 4);
 
 		ck_assert_uint_gt(lead, 0);
 		ck_assert_uint_le(lead, delay_ns / 4);
@@ -419,7 +419,7 @@ START_TEST(test_params_only)
 {
 	const uint64_t delay_ns = 1000000000ull, max_lead = delay_ns / 4;
 	struct fixture fx = setup_fx(-1, 0, 0); /* the context's own policy would never release */
-	struct cvm_drv_counters cnt;
+	struct cvm_drv_dev dd; /* the context's connection and device 0, its own counters */
 	struct cvm_acct acct;
 	struct cvm_policy pol;
 	struct wakes w = {0, 0};
@@ -427,18 +427,18 @@ START_TEST(test_params_only)
 	struct cvm_chunk *a, *b, *c = NULL;
 	uint64_t now, t, next;
 	struct cvm_phys_params par = {
-		.drv = &fx.ctx->drv,
-		.device = 0,
+		.dd = &dd,
 		.granularity = G,
 		.limit = 2 * G,
-		.cnt = &cnt,
 		.acct = &acct,
 		.policy = &pol,
 		.wake = record_wake,
 		.wake_arg = &w,
 	};
 
-	memset(&cnt, 0, sizeof(cnt));
+	memset(&dd, 0, sizeof(dd));
+	dd.drv = &fx.ctx->drv;
+	dd.index = 0;
 	memset(&acct, 0, sizeof(acct));
 	cvm_policy_init(&pol, 1000, G);
 	ck_assert_int_eq(cvm_phys_init(&p, &par), CUVMM_OK);
@@ -446,7 +446,7 @@ START_TEST(test_params_only)
 	ck_assert_int_eq(cvm_phys_get(&p, 0, NULL, &b), CUVMM_OK);
 	ck_assert(a->created && b->created);
 	ck_assert_uint_eq(atomic_load(&acct.held), 2 * G);
-	ck_assert_uint_eq(atomic_load(&cnt.create_calls), 2);
+	ck_assert_uint_eq(atomic_load(&dd.cnt.create_calls), 2);
 	ck_assert_uint_eq(tc_ctx_stats(fx.ctx).held_bytes, 0); /* not the device's account */
 	/* The limit given: a third chunk does not fit, and nothing is cached to make room. */
 	ck_assert_int_eq(cvm_phys_get(&p, 0, NULL, &c), CUVMM_ENOMEM);
@@ -468,15 +468,15 @@ START_TEST(test_params_only)
 	/* Neither due yet; then a is, b is not: a goes, and b would stay for retain_bytes anyway. */
 	next = cvm_phys_reclaim(&p, now, false, 0);
 	ck_assert_uint_eq(atomic_load(&acct.held), 2 * G);
-	ck_assert_uint_eq(next, t + delay_ns - cvm_policy_lead(&pol, &cnt, 2));
+	ck_assert_uint_eq(next, t + delay_ns - cvm_policy_lead(&pol, &dd.cnt, 2));
 	next = cvm_phys_reclaim(&p, t + delay_ns, false, 0);
 	ck_assert_uint_eq(atomic_load(&acct.held), G);
-	ck_assert_uint_eq(atomic_load(&cnt.release_calls), 1);
+	ck_assert_uint_eq(atomic_load(&dd.cnt.release_calls), 1);
 	ck_assert_uint_eq(cvm_phys_cached(&p), G);
 	ck_assert_uint_eq(next, UINT64_MAX); /* what is left is retain_bytes */
 	cvm_phys_fini(&p);
 	ck_assert_uint_eq(atomic_load(&acct.held), 0);
-	ck_assert_uint_eq(atomic_load(&cnt.release_calls), 2);
+	ck_assert_uint_eq(atomic_load(&dd.cnt.release_calls), 2);
 	teardown_fx(&fx);
 }
 END_TEST
