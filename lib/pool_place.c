@@ -260,10 +260,11 @@ static int compose_map(struct cuvmm_pool *p, struct cvm_run *run, struct cvm_run
 	return CUVMM_OK;
 }
 
-static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
+/* The FREE run to compose k granules from and the VA run beside it (after it, or before), or NULL. */
+static struct cvm_run *compose_find(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **va,
+				    bool *after)
 {
-	struct cvm_run *best = NULL, *bva = NULL;
-	bool bafter = false;
+	struct cvm_run *best = NULL;
 	int scanned = 0;
 
 	for (int b = (int)cvm_bin_of(k); b >= 0 && scanned < 64; b--) {
@@ -277,14 +278,35 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 			if (run->len >= k || (best && run->len <= best->len) || !cvm_free_usable(p, run, stream))
 				continue;
 			if (right && right->kind == CVM_RUN_VA && right->len >= k - run->len)
-				best = run, bva = right, bafter = true;
+				best = run, *va = right, *after = true;
 			else if (left && left->kind == CVM_RUN_VA && left->len >= k - run->len)
-				best = run, bva = left, bafter = false;
+				best = run, *va = left, *after = false;
 		}
 		if (best)
 			break; /* bins hold longer runs than the ones below them */
 	}
-	return best ? compose_map(p, best, bva, bafter, k, out) : CUVMM_ENOSPC;
+	return best;
+}
+
+/* Compose k granules (compose_find), after making room for what it maps (cvm_make_room): ENOSPC when no run
+ * serves. */
+static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct cvm_run **out)
+{
+	struct cvm_run *run, *va;
+	bool after;
+	int err;
+
+	for (int tries = 0;; tries++) {
+		run = compose_find(p, k, stream, &va, &after);
+		if (!run)
+			return CUVMM_ENOSPC;
+		/* The lock dropped (a synchronisation): look again, once; the slack is within its cap now. */
+		err = tries ? 0 : cvm_make_room(p, k, run);
+		if (err < 0)
+			return err;
+		if (!err)
+			return compose_map(p, run, va, after, k, out);
+	}
 }
 
 /*
@@ -294,7 +316,7 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
  */
 int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, struct cvm_run **out)
 {
-	size_t take, cap;
+	size_t take;
 	struct cvm_run *run = ring ? next_fit(p, k, &take) : NULL, *front;
 	int err;
 
@@ -317,25 +339,18 @@ int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, stru
 		err = compose_fit(p, k, stream, out);
 		if (!err)
 			goto found;
+		if (err == CUVMM_ESTATE)
+			return err;
 		/* Out of memory for the few granules it lacked: all k elsewhere would not fit either. */
 		if (err == CUVMM_ENOMEM && cvm_drop_slack(p))
 			return CUVMM_ESTATE;
 	}
 	/* Slack beyond its cap is unmapped by the reclaim pass, without the pool's lock, while the allocating
-	 * thread only maps. When the pass falls behind (the cap and 64 MiB more), the allocating thread
-	 * moves slack itself: an unmap and a map cost about what a create and a map do, and held stays where
-	 * it was. */
-	cap = cvm_slack_cap_after(p, cvm_gbytes(p, k));
-	if (p->free_bytes > cap && cvm_steal_slack(p, cap) && p->free_bytes > cap + ((size_t)64 << 20)) {
-		/* What is left waits only for a device synchronisation (memory freed without a stream): do it
-		 * here, as cudaFree always does, rather than let held grow by more than 64 MiB past the cap. */
-		pthread_mutex_unlock(&p->r.lock);
-		cvm_dev_sync_epoch(p->r.dev);
-		pthread_mutex_lock(&p->r.lock);
-		if (cvm_region_asleep(&p->r))
-			return CUVMM_ESTATE; /* put to sleep meanwhile */
-		cvm_steal_slack(p, cvm_slack_cap_after(p, cvm_gbytes(p, k)));
-	}
+	 * thread only maps; where the pass falls behind, the allocating thread moves slack itself (an unmap
+	 * and a map cost about what a create and a map do, and held stays where it was). */
+	err = cvm_make_room(p, k, NULL);
+	if (err < 0)
+		return err;
 	err = map_fresh(p, k, out);
 	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
 		err = cvm_drop_slack(p);

@@ -92,15 +92,19 @@ int cvm_drop_slack(struct cuvmm_pool *p)
 	return CUVMM_OK;
 }
 
-/* Unmap the oldest FREE runs that are safe to unmap (no device sync here) while the slack exceeds its
- * cap; their chunks go to the device's cache, where map_fresh finds them. */
-bool cvm_steal_slack(struct cuvmm_pool *p, size_t cap)
+/* Unmap the oldest FREE runs that are safe to unmap (no device sync here), except `keep`, while the slack
+ * (without `keep`) exceeds `cap`; their chunks go to the device's cache, where map_fresh finds them. True if
+ * unsafe ones (epoch) were left. */
+static bool steal_slack(struct cuvmm_pool *p, size_t cap, const struct cvm_run *keep)
 {
+	size_t kept = keep ? cvm_gbytes(p, keep->len) : 0;
 	struct cvm_run *run, *next;
 	bool unsafe = false;
 
-	for (run = p->age.lnext; run != &p->age && p->free_bytes > cap; run = next) {
+	for (run = p->age.lnext; run != &p->age && p->free_bytes - kept > cap; run = next) {
 		next = run->lnext;
+		if (run == keep)
+			continue;
 		if (cvm_fence_done(&p->r.dev->fence, &run->fence) > 0)
 			cvm_free_to_va(p, run);
 		else
@@ -109,6 +113,39 @@ bool cvm_steal_slack(struct cuvmm_pool *p, size_t cap)
 	if (cvm_region_pending_locked(&p->r))
 		cvm_region_process_locked(&p->r, cvm_now_ns(), false);
 	return unsafe;
+}
+
+#define CVM_GOING_BATCH 16 /* granules unmapped per reclaim pass without the lock (32 MiB on the H200) */
+
+/*
+ * Before the allocating thread maps memory for an allocation of k granules (fresh, or what a composed run
+ * lacks): slack beyond the cap the allocation leaves is moved instead of added to (unmapped here, its
+ * chunks remapped by the map that follows). `keep`: the FREE run the allocation extends (compose), which it
+ * takes whole and which is not slack after it. Slack that waits only for a device synchronisation (memory
+ * freed without a stream) is left to the reclaim pass up to one batch past the cap; beyond that the
+ * allocating thread synchronises itself, as cudaFree always does. So held stays within the peak footprint
+ * plus a quarter, plus one batch the pass may be unmapping, plus one waiting for its synchronisation,
+ * however the two threads interleave. Earlier this was checked only before fresh mappings, with 64 MiB
+ * past the cap allowed: a composing allocation skipped it (held grew without bound while the pass could
+ * not get the lock), and 64 MiB is 32 granules on the H200, past the bound test_slack_bound checks.
+ * 1 when the lock was dropped (for the synchronisation): `keep` may be gone, look again; CUVMM_ESTATE
+ * when the pool was put to sleep meanwhile.
+ */
+int cvm_make_room(struct cuvmm_pool *p, size_t k, const struct cvm_run *keep)
+{
+	size_t kept = keep ? cvm_gbytes(p, keep->len) : 0;
+	size_t cap = cvm_slack_cap_after(p, cvm_gbytes(p, k));
+
+	if (p->free_bytes - kept <= cap || !steal_slack(p, cap, keep) ||
+	    p->free_bytes - kept <= cap + cvm_gbytes(p, CVM_GOING_BATCH))
+		return CUVMM_OK;
+	pthread_mutex_unlock(&p->r.lock);
+	cvm_dev_sync_epoch(p->r.dev);
+	pthread_mutex_lock(&p->r.lock);
+	if (cvm_region_asleep(&p->r))
+		return CUVMM_ESTATE;
+	steal_slack(p, cvm_slack_cap_after(p, cvm_gbytes(p, k)), NULL);
+	return 1;
 }
 
 /* ----- the reclaim pass ----- */
@@ -160,7 +197,6 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 }
 
 #define CVM_SYNC_RETRY_NS 100000000ull /* a failed device synchronisation is retried after 100 ms */
-#define CVM_GOING_BATCH 16 /* granules unmapped per reclaim pass without the lock (32 MiB on the H200) */
 
 /* Wait (lock held, dropped meanwhile) until no reclaim pass is unmapping GOING runs of this pool. */
 void cvm_wait_going(struct cuvmm_pool *p)
