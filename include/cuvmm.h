@@ -969,17 +969,15 @@ CUVMM_API int cuvmm_torch_reset_totals(int device);
 	X(EVENT_SYNC, "cuEventSynchronize")                                                                  \
 	X(DEVICE_SYNC, "cuCtxSynchronize")                                                                   \
 	X(STREAM_WAIT, "cuStreamWaitEvent")                                                                  \
-	X(HOST_ALLOC, "cuMemHostAlloc")                                                                      \
+	X(HOST_REGISTER, "cuMemHostRegister")                                                                \
 	X(COPY, "cuMemcpyAsync")                                                                             \
 	X(CAPTURE_INFO, "cuStreamGetCaptureInfo")                                                            \
-	X(PEER_QUERY, "cuDeviceCanAccessPeer")                                                               \
-	X(HOST_REGISTER, "cuMemHostRegister")
+	X(PEER_QUERY, "cuDeviceCanAccessPeer")
 
 /** The driver calls that can be made to fail (CUVMM_CALL_LIST): CUVMM_CALL_RESERVE (cuMemAddressReserve),
- * ..., CUVMM_CALL_HOST_ALLOC (pinned staging memory), CUVMM_CALL_COPY (the copies of sleep and wake),
- * CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?), CUVMM_CALL_PEER_QUERY (can one
- * device access another's memory? asked when an object with peers is created or a peer added),
- * CUVMM_CALL_HOST_REGISTER (the pinning of a sleep's host copy, piece by piece). */
+ * ..., CUVMM_CALL_HOST_REGISTER (the pinning of a sleep's host copy, piece by piece), CUVMM_CALL_COPY (the
+ * copies of sleep and wake), CUVMM_CALL_CAPTURE_INFO (is a stream being captured into a CUDA graph?), CUVMM_CALL_PEER_QUERY (can one
+ * device access another's memory? asked when an object with peers is created or a peer added). */
 enum cuvmm_call {
 #define CUVMM_CALL_ENUM_(name, fn) CUVMM_CALL_##name,
 	CUVMM_CALL_LIST(CUVMM_CALL_ENUM_)

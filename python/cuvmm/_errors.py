@@ -41,11 +41,10 @@ class Call(enum.IntEnum):
     EVENT_SYNC = 10
     DEVICE_SYNC = 11
     STREAM_WAIT = 12
-    HOST_ALLOC = 13
+    HOST_REGISTER = 13
     COPY = 14
     CAPTURE_INFO = 15
     PEER_QUERY = 16
-    HOST_REGISTER = 17
 
 
 class LogLevel(enum.IntEnum):
