@@ -9,9 +9,9 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "ctx_capture.h"
 #include "drv.h"
 #include "fence.h"
-#include "graph.h"
 #include "phys.h"
 #include "policy.h"
 #include "publish.h"
@@ -90,7 +90,7 @@ struct cuvmm_ctx {
 	bool bg_stop;
 	_Atomic uint64_t next_deadline;
 
-	struct cvm_graphs graphs;     /* graph pools and the captures seen (graph.h) */
+	struct cvm_captures captures; /* the captures seen (ctx_capture.h), and the graph pools' state */
 	struct cvm_pub *pub;          /* the counters published for cuvmm-top (publish.h); NULL: not published */
 };
 
