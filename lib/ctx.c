@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "ctx.h"
+#include "ctx_publish.h"
 #include "log.h"
 
 static void *bg_main(void *arg);
