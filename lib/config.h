@@ -1,5 +1,6 @@
 /*
- * Configuration helpers shared by the context and the environment parser.
+ * The configuration's defaults and the CUVMM_* environment variables (config.c): one parser for all of them,
+ * used by the context, the logger and the publisher.
  */
 #ifndef CVM_CONFIG_H
 #define CVM_CONFIG_H

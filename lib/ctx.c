@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "ctx.h"
+#include "ctx_publish.h"
 #include "log.h"
 
 static void *bg_main(void *arg);
@@ -86,13 +87,13 @@ int cuvmm_ctx_create(const struct cuvmm_config *cfg, struct cuvmm_ctx **out)
 		err = CUVMM_ENOMEM;
 		goto fail_bg_lock;
 	}
-	err = cvm_graphs_init(&ctx->graphs);
+	err = cvm_captures_init(&ctx->captures);
 	if (err)
 		goto fail_cond;
 	err = cvm_drv_open(&ctx->drv, &ctx->cfg);
 	if (err) {
 		no_backend(&ctx->cfg, err);
-		goto fail_graphs;
+		goto fail_captures;
 	}
 	err = cvm_drv_device_count(&ctx->drv, &ctx->ndev);
 	if (!err && ctx->ndev <= 0)
@@ -140,8 +141,8 @@ fail_devs:
 	}
 fail_drv:
 	cvm_drv_close(&ctx->drv);
-fail_graphs:
-	cvm_graphs_fini(&ctx->graphs);
+fail_captures:
+	cvm_captures_fini(&ctx->captures);
 fail_cond:
 	pthread_cond_destroy(&ctx->bg_cond);
 fail_bg_lock:
@@ -193,7 +194,7 @@ void cuvmm_ctx_destroy(struct cuvmm_ctx *ctx)
 		pthread_mutex_destroy(&ctx->dev[i].regions_lock);
 	}
 	cvm_drv_close(&ctx->drv);
-	cvm_graphs_fini(&ctx->graphs);
+	cvm_captures_fini(&ctx->captures);
 	pthread_cond_destroy(&ctx->bg_cond);
 	pthread_mutex_destroy(&ctx->bg_lock);
 	pthread_cond_destroy(&ctx->clients_cond);
@@ -324,7 +325,7 @@ uint64_t cvm_dev_release_lead(struct cvm_dev *dev, size_t chunks)
 
 int cvm_dev_sync(struct cvm_dev *dev)
 {
-	if (!cvm_graph_quiet(dev->ctx, dev->drv.index))
+	if (!cvm_capture_quiet(dev->ctx, dev->drv.index))
 		return CUVMM_EBUSY;
 	return cvm_drv_device_sync(&dev->drv);
 }

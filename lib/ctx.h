@@ -9,14 +9,15 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "ctx_capture.h"
 #include "drv.h"
 #include "fence.h"
-#include "graph.h"
 #include "phys.h"
 #include "policy.h"
-#include "publish.h"
 
 #define CVM_MAX_DEVICES 64
+
+struct cvm_pub;
 
 struct cvm_dev {
 	struct cuvmm_ctx *ctx;
@@ -90,8 +91,8 @@ struct cuvmm_ctx {
 	bool bg_stop;
 	_Atomic uint64_t next_deadline;
 
-	struct cvm_graphs graphs;     /* graph pools and the captures seen (graph.h) */
-	struct cvm_pub *pub;          /* the counters published for cuvmm-top (publish.h); NULL: not published */
+	struct cvm_captures captures; /* the captures seen (ctx_capture.h), and the graph pools' state */
+	struct cvm_pub *pub;          /* the counters published for cuvmm-top (ctx_publish.h); NULL: not published */
 };
 
 /* The device, opened on first use. CUVMM_ENODEV if out of range or without VMM support. */

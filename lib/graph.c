@@ -1,12 +1,10 @@
 /*
- * Graph memory: the registry of graph pools and of the captures the library has seen (graph.h).
+ * Graph memory: the graph pools, which keep what CUDA graphs use of the pools' memory (graph.h).
  */
 #include <stdlib.h>
 
 #include "ctx.h"
 #include "graph.h"
-#include "log.h"
-#include "pool.h"
 
 /* One allocation owned by a graph pool. */
 struct cvm_gblock {
@@ -28,34 +26,9 @@ struct cvm_gpool {
 	size_t nblocks;
 };
 
-/* A capture seen under way: which graph pool its memory joins, and whether it still runs. */
-struct cvm_capture {
-	struct cvm_capture *next;
-	uint64_t id;
-	CUstream stream;                   /* a stream of the capture, to ask whether it has ended */
-	int device;
-	struct cvm_gpool *gp;
-};
 
-int cvm_graphs_init(struct cvm_graphs *g)
+static void graphs_free(struct cvm_graphs *g)
 {
-	for (size_t i = 0; i < CVM_GRAPH_HASH; i++)
-		g->hash[i] = NULL;
-	g->pools = NULL;
-	g->captures = NULL;
-	atomic_init(&g->nblocks, 0);
-	atomic_init(&g->ncaptures, 0);
-	return pthread_mutex_init(&g->lock, NULL) ? CUVMM_ENOMEM : CUVMM_OK;
-}
-
-void cvm_graphs_fini(struct cvm_graphs *g)
-{
-	while (g->captures) {
-		struct cvm_capture *c = g->captures;
-
-		g->captures = c->next;
-		free(c);
-	}
 	while (g->pools) {
 		struct cvm_gpool *gp = g->pools;
 
@@ -68,7 +41,23 @@ void cvm_graphs_fini(struct cvm_graphs *g)
 		}
 		free(gp);
 	}
-	pthread_mutex_destroy(&g->lock);
+	free(g);
+}
+
+/* The context's graph pools, made on first use (NULL: out of memory). Registry lock held. */
+static struct cvm_graphs *graphs_get(struct cvm_captures *reg)
+{
+	struct cvm_graphs *g = atomic_load_explicit(&reg->graphs, memory_order_relaxed);
+
+	if (g)
+		return g;
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return NULL;
+	atomic_init(&g->nblocks, 0);
+	reg->graphs_free = graphs_free;
+	atomic_store_explicit(&reg->graphs, g, memory_order_release);
+	return g;
 }
 
 static size_t hslot(const void *ptr)
@@ -135,38 +124,26 @@ static struct cvm_gpool *gpool_new(struct cvm_graphs *g, uint64_t id)
 	return gp;
 }
 
-static struct cvm_capture *capture_find(struct cvm_graphs *g, uint64_t id)
-{
-	struct cvm_capture *c = g->captures;
-
-	while (c && c->id != id)
-		c = c->next;
-	return c;
-}
-
 /* The record of capture `cap` (created on first sight, with a graph pool named after it). Lock held. */
-static struct cvm_capture *capture_get(struct cvm_graphs *g, uint64_t cap, CUstream stream, int device)
+static struct cvm_capture *capture_get(struct cvm_captures *reg, struct cvm_graphs *g, uint64_t cap,
+				       CUstream stream, int device)
 {
-	struct cvm_capture *c = capture_find(g, cap);
+	struct cvm_capture *c = cvm_capture_find_locked(reg, cap);
+	struct cvm_gpool *gp;
 
 	if (c)
 		return c;
-	c = calloc(1, sizeof(*c));
-	if (!c)
+	gp = gpool_find(g, cap);
+	if (gp)
+		return cvm_capture_add_locked(reg, cap, stream, device, gp);
+	gp = gpool_new(g, cap);
+	if (!gp)
 		return NULL;
-	c->gp = gpool_find(g, cap);
-	if (!c->gp)
-		c->gp = gpool_new(g, cap);
-	if (!c->gp) {
-		free(c);
-		return NULL;
+	c = cvm_capture_add_locked(reg, cap, stream, device, gp);
+	if (!c) {
+		g->pools = gp->next; /* just made, at the head: nothing else knows it */
+		free(gp);
 	}
-	c->id = cap;
-	c->stream = stream;
-	c->device = device;
-	c->next = g->captures;
-	g->captures = c;
-	atomic_fetch_add(&g->ncaptures, 1);
 	return c;
 }
 
@@ -192,14 +169,14 @@ static int block_add(struct cvm_graphs *g, struct cvm_gpool *gp, struct cuvmm_po
 bool cvm_graph_take(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, CUstream stream, uint64_t cap, size_t bytes,
 		    void **ptr)
 {
-	struct cvm_graphs *g = &ctx->graphs;
+	struct cvm_captures *reg = &ctx->captures;
 	struct cvm_capture *c;
 	struct cvm_gblock *best = NULL;
 
-	if (!cvm_graph_maybe(g))
+	if (!cvm_graph_maybe(reg))
 		return false;
-	pthread_mutex_lock(&g->lock);
-	c = capture_find(g, cap);
+	pthread_mutex_lock(&reg->lock);
+	c = cvm_capture_find_locked(reg, cap);
 	if (!c)
 		goto out;
 	/* Best fit, wasting at most as much as is asked for: a block freed outside this capture (an earlier
@@ -217,35 +194,44 @@ bool cvm_graph_take(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, CUstream stream
 		*ptr = best->ptr;
 	}
 out:
-	pthread_mutex_unlock(&g->lock);
+	pthread_mutex_unlock(&reg->lock);
 	return best != NULL;
 }
 
-int cvm_graph_own(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, CUstream stream, uint64_t cap, void *ptr,
-		  size_t bytes)
+int cvm_graph_own(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, int device, CUstream stream, uint64_t cap,
+		  void *ptr, size_t bytes)
 {
-	struct cvm_graphs *g = &ctx->graphs;
-	struct cvm_capture *c;
+	struct cvm_captures *reg = &ctx->captures;
+	struct cvm_graphs *g;
+	struct cvm_capture *c = NULL;
 	struct cvm_gblock *b;
 	int err = CUVMM_ENOMEM;
 
-	pthread_mutex_lock(&g->lock);
-	c = capture_get(g, cap, stream, p->r.dev->drv.index);
+	pthread_mutex_lock(&reg->lock);
+	g = graphs_get(reg);
+	if (g)
+		c = capture_get(reg, g, cap, stream, device);
 	if (c)
 		err = block_add(g, c->gp, p, ptr, bytes, &b);
-	pthread_mutex_unlock(&g->lock);
+	pthread_mutex_unlock(&reg->lock);
 	return err;
 }
 
-int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, void *ptr, CUstream stream, uint64_t cap,
-		   size_t bytes)
+int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, int device, void *ptr, CUstream stream,
+		   uint64_t cap, size_t bytes)
 {
-	struct cvm_graphs *g = &ctx->graphs;
+	struct cvm_captures *reg = &ctx->captures;
+	struct cvm_graphs *g;
 	struct cvm_gblock *b;
 	struct cvm_capture *c;
 	int ret = 0;
 
-	pthread_mutex_lock(&g->lock);
+	pthread_mutex_lock(&reg->lock);
+	g = graphs_get(reg);
+	if (!g) {
+		ret = cap ? CUVMM_ENOMEM : 0; /* none yet (then ptr is no graph block), and none to be had */
+		goto out;
+	}
 	b = *hfind(g, ptr);
 	if (b && b->pool == p) {
 		if (b->free) {
@@ -260,7 +246,7 @@ int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, void *ptr, CUstr
 			ret = CUVMM_EINVAL;
 			goto out;
 		}
-		c = capture_get(g, cap, stream, p->r.dev->drv.index);
+		c = capture_get(reg, g, cap, stream, device);
 		ret = c ? block_add(g, c->gp, p, ptr, bytes, &b) : CUVMM_ENOMEM;
 		if (ret)
 			goto out;
@@ -272,17 +258,19 @@ int cvm_graph_free(struct cuvmm_ctx *ctx, struct cuvmm_pool *p, void *ptr, CUstr
 	b->free_cap = cap;
 	b->free_stream = stream;
 out:
-	pthread_mutex_unlock(&g->lock);
+	pthread_mutex_unlock(&reg->lock);
 	return ret;
 }
 
 void cvm_graph_forget_pool(struct cuvmm_ctx *ctx, struct cuvmm_pool *p)
 {
-	struct cvm_graphs *g = &ctx->graphs;
+	struct cvm_captures *reg = &ctx->captures;
+	struct cvm_graphs *g;
 
-	if (!cvm_graph_maybe(g))
+	if (!cvm_graph_maybe(reg))
 		return;
-	pthread_mutex_lock(&g->lock);
+	pthread_mutex_lock(&reg->lock);
+	g = atomic_load_explicit(&reg->graphs, memory_order_relaxed);
 	for (struct cvm_gpool *gp = g->pools; gp; gp = gp->next) {
 		for (struct cvm_gblock *b = gp->head.gnext, *next; b != &gp->head; b = next) {
 			next = b->gnext;
@@ -292,72 +280,12 @@ void cvm_graph_forget_pool(struct cuvmm_ctx *ctx, struct cuvmm_pool *p)
 			}
 		}
 	}
-	pthread_mutex_unlock(&g->lock);
-}
-
-/* Has capture c ended (or can it no longer be asked about)? Lock held; one driver call, legal under capture. */
-static bool capture_ended(struct cuvmm_ctx *ctx, struct cvm_capture *c)
-{
-	uint64_t id = 0;
-	struct cvm_dev *dev;
-
-	if (cvm_ctx_dev(ctx, c->device, &dev))
-		return true;
-	if (cvm_drv_capture_id(&dev->drv, c->stream, &id))
-		return true;
-	return id != c->id;
-}
-
-/*
- * Forget the captures that have ended (their graph pools stay until released): on `device` (-1: all) those
- * the driver says have ended, or, with `stream`, every capture seen on that stream (the caller saw it not
- * capturing). Lock held.
- */
-static void captures_prune(struct cuvmm_ctx *ctx, int device, CUstream stream)
-{
-	struct cvm_graphs *g = &ctx->graphs;
-
-	for (struct cvm_capture **pp = &g->captures, *c; (c = *pp);) {
-		if (stream ? c->stream == stream : (device < 0 || c->device == device) && capture_ended(ctx, c)) {
-			*pp = c->next;
-			free(c);
-			atomic_fetch_sub(&g->ncaptures, 1);
-		} else {
-			pp = &c->next;
-		}
-	}
-}
-
-void cvm_graph_not_capturing(struct cuvmm_ctx *ctx, CUstream stream)
-{
-	struct cvm_graphs *g = &ctx->graphs;
-
-	if (!stream || atomic_load_explicit(&g->ncaptures, memory_order_relaxed) == 0)
-		return;
-	pthread_mutex_lock(&g->lock);
-	captures_prune(ctx, -1, stream);
-	pthread_mutex_unlock(&g->lock);
-}
-
-bool cvm_graph_quiet(struct cuvmm_ctx *ctx, int device)
-{
-	struct cvm_graphs *g = &ctx->graphs;
-	bool quiet = true;
-
-	if (atomic_load(&g->ncaptures) == 0)
-		return true;
-	pthread_mutex_lock(&g->lock);
-	captures_prune(ctx, device, NULL);
-	for (struct cvm_capture *c = g->captures; c && quiet; c = c->next)
-		quiet = c->device != device;
-	pthread_mutex_unlock(&g->lock);
-	if (!quiet)
-		cvm_debug("device %d: a stream capture is under way; the device synchronisation waits for it", device);
-	return quiet;
+	pthread_mutex_unlock(&reg->lock);
 }
 
 int cuvmm_capture_pool(struct cuvmm_ctx *ctx, int device, CUstream stream, uint64_t share, uint64_t *graph_pool)
 {
+	struct cvm_captures *reg;
 	struct cvm_graphs *g;
 	struct cvm_capture *c;
 	struct cvm_gpool *to;
@@ -375,14 +303,19 @@ int cuvmm_capture_pool(struct cuvmm_ctx *ctx, int device, CUstream stream, uint6
 		return err;
 	if (!cap)
 		return CUVMM_ESTATE;
-	g = &ctx->graphs;
-	pthread_mutex_lock(&g->lock);
+	reg = &ctx->captures;
+	pthread_mutex_lock(&reg->lock);
+	g = graphs_get(reg);
+	if (!g) {
+		err = CUVMM_ENOMEM;
+		goto out;
+	}
 	to = share ? gpool_find(g, share) : NULL;
 	if (share && !to) {
 		err = CUVMM_EINVAL; /* no such graph pool (released, or never created) */
 		goto out;
 	}
-	c = capture_get(g, cap, stream, device);
+	c = capture_get(reg, g, cap, stream, device);
 	if (!c) {
 		err = CUVMM_ENOMEM;
 		goto out;
@@ -405,12 +338,13 @@ int cuvmm_capture_pool(struct cuvmm_ctx *ctx, int device, CUstream stream, uint6
 	}
 	*graph_pool = c->gp->id;
 out:
-	pthread_mutex_unlock(&g->lock);
+	pthread_mutex_unlock(&reg->lock);
 	return err;
 }
 
 int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool)
 {
+	struct cvm_captures *reg;
 	struct cvm_graphs *g;
 	struct cvm_gpool *gp, **pp;
 	struct cvm_gblock *freed = NULL;
@@ -418,9 +352,14 @@ int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool)
 
 	if (!ctx || !graph_pool)
 		return CUVMM_EINVAL;
-	g = &ctx->graphs;
-	pthread_mutex_lock(&g->lock);
-	captures_prune(ctx, -1, NULL);
+	reg = &ctx->captures;
+	pthread_mutex_lock(&reg->lock);
+	cvm_capture_prune_locked(ctx, -1, NULL);
+	g = atomic_load_explicit(&reg->graphs, memory_order_relaxed);
+	if (!g) {
+		err = CUVMM_EINVAL; /* no graph pool at all */
+		goto out;
+	}
 	for (pp = &g->pools; *pp && (*pp)->id != graph_pool; pp = &(*pp)->next)
 		;
 	gp = *pp;
@@ -428,7 +367,7 @@ int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool)
 		err = CUVMM_EINVAL;
 		goto out;
 	}
-	for (struct cvm_capture *c = g->captures; c; c = c->next) {
+	for (struct cvm_capture *c = reg->list; c; c = c->next) {
 		if (c->gp == gp) {
 			err = CUVMM_EBUSY; /* a capture into it is still under way */
 			goto out;
@@ -449,7 +388,7 @@ int cuvmm_graph_release(struct cuvmm_ctx *ctx, uint64_t graph_pool)
 	}
 	free(gp);
 out:
-	pthread_mutex_unlock(&g->lock);
+	pthread_mutex_unlock(&reg->lock);
 	/* As cuvmm_free: reusable at once (the graphs are gone), unmapped only after a device synchronisation
 	 * (a replay may still be running). */
 	while (freed) {

@@ -209,7 +209,7 @@ static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 	if (err)
 		return err;
 	if (!cap) {
-		cvm_graph_not_capturing(p->r.ctx, stream);
+		cvm_capture_not_capturing(p->r.ctx, stream);
 		return pool_alloc(p, bytes, stream, ptr);
 	}
 	if (cvm_graph_take(p->r.ctx, p, stream, cap, bytes, ptr))
@@ -220,7 +220,7 @@ static int pool_malloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void
 	pthread_mutex_lock(&p->r.lock);
 	bytes = live_bytes_locked(p, (uintptr_t)q);
 	pthread_mutex_unlock(&p->r.lock);
-	err = cvm_graph_own(p->r.ctx, p, stream, cap, q, bytes);
+	err = cvm_graph_own(p->r.ctx, p, p->r.dev->drv.index, stream, cap, q, bytes);
 	if (err) {
 		cuvmm_free(p, q);
 		return err;
@@ -261,9 +261,9 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 		if (err)
 			return err;
 		if (!cap)
-			cvm_graph_not_capturing(p->r.ctx, stream);
+			cvm_capture_not_capturing(p->r.ctx, stream);
 	}
-	if (cap || cvm_graph_maybe(&p->r.ctx->graphs)) {
+	if (cap || cvm_graph_maybe(&p->r.ctx->captures)) {
 		/* Graph memory stays with its graph pool; memory freed under capture joins it. */
 		size_t bytes = 0;
 
@@ -276,7 +276,7 @@ static int pool_free(struct cuvmm_pool *p, void *ptr, CUstream stream, bool asyn
 				return err;
 		}
 		/* Under capture it always decides (1 or an error); outside, 0 leaves the free to the pool. */
-		err = cvm_graph_free(p->r.ctx, p, ptr, stream, cap, bytes);
+		err = cvm_graph_free(p->r.ctx, p, p->r.dev->drv.index, ptr, stream, cap, bytes);
 		if (err)
 			return err > 0 ? CUVMM_OK : err;
 	}

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "ctx.h" /* struct cuvmm_ctx: its pub, to force a snapshot and find the file */
+#include "ctx_publish.h"
 
 static char dir[64];
 

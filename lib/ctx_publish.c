@@ -1,5 +1,5 @@
 /*
- * Publishing a context's counters in a small shared file for cuvmm-top (publish.h).
+ * Publishing the context's counters in a small shared file for cuvmm-top (ctx_publish.h, the page: publish.h).
  *
  * The file is created mode 0600: what a process holds, and its pool names, are its owner's (and root's) to
  * see, as with /proc/<pid>/smaps. A failure to create it is logged at info and the context goes on without.
@@ -15,8 +15,8 @@
 
 #include "config.h"
 #include "ctx.h"
+#include "ctx_publish.h"
 #include "log.h"
-#include "publish.h"
 
 static _Atomic unsigned pub_count; /* contexts published by this process so far: the file's <n> */
 
