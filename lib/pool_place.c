@@ -296,17 +296,19 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 	bool after;
 	int err;
 
-	for (int tries = 0;; tries++) {
-		run = compose_find(p, k, stream, &va, &after);
-		if (!run)
-			return CUVMM_ENOSPC;
-		/* The lock dropped (a synchronisation): look again, once; the slack is within its cap now. */
-		err = tries ? 0 : cvm_make_room(p, k, run);
-		if (err < 0)
-			return err;
-		if (!err)
-			return compose_map(p, run, va, after, k, out);
-	}
+	run = compose_find(p, k, stream, &va, &after);
+	if (!run)
+		return CUVMM_ENOSPC;
+	err = cvm_make_room(p, k, run);
+	if (err < 0)
+		return err;
+	/* Look again: the slack it unmapped went back to address space and merged with what lies beside it,
+	 * perhaps the very VA run found (freed then), and with the lock dropped (err 1) anything may have
+	 * changed. The slack is within its cap now. */
+	run = compose_find(p, k, stream, &va, &after);
+	if (!run)
+		return CUVMM_ENOSPC;
+	return compose_map(p, run, va, after, k, out);
 }
 
 /*
