@@ -125,6 +125,16 @@ static void trim_ok(struct cuvmm_pool *pool, size_t keep)
 	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_trim: %s", cuvmm_err_name(err));
 }
 
+/* A test's end with everything freed: nothing live, and a trim gives all of it back to the driver. */
+static void close_empty(struct cuvmm_ctx *ctx, struct cuvmm_pool *pool)
+{
+	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(pool);
+	cuvmm_ctx_destroy(ctx);
+}
+
 /* ----- what the pool counts: a copy of the rules in lib/pool_slab.c and lib/pool_pack.c ----- */
 
 /* Largest size served from slabs: a quarter of a granule (four slots at least), at most 1 MiB. */
@@ -1890,11 +1900,7 @@ START_TEST(test_stream_reuse_small)
 		for (int i = 0; i < 6; i++)
 			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
 	}
-	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
-	trim_ok(pool, 0);
-	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	cuvmm_pool_destroy(pool);
-	cuvmm_ctx_destroy(ctx);
+	close_empty(ctx, pool);
 }
 END_TEST
 
@@ -2001,11 +2007,7 @@ START_TEST(test_stream_reuse_packed)
 		for (int i = 0; i < 4; i++)
 			ck_assert_int_eq(cuvmm_free(pool, all[i]), CUVMM_OK);
 	}
-	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
-	trim_ok(pool, 0);
-	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	cuvmm_pool_destroy(pool);
-	cuvmm_ctx_destroy(ctx);
+	close_empty(ctx, pool);
 }
 END_TEST
 
