@@ -134,12 +134,6 @@ unsigned cvm_large_cls(size_t k)
 	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
 }
 
-/*
- * The handle class for k granules of fresh memory. With a release delay of 0 nothing stays free to be reused
- * (a freed run is unmapped at once), so the argument above against large handles does not hold, and every
- * allocation maps fresh memory: then handles as large as fit (up to 2^CVM_POOL_MAX_CLS granules), so that
- * mapping and unmapping cost a few driver calls per allocation, as cudaMalloc does, instead of one per granule.
- */
 unsigned cvm_whole_cls(size_t k)
 {
 	unsigned cls = 63 - (unsigned)__builtin_clzll(k);
@@ -147,18 +141,16 @@ unsigned cvm_whole_cls(size_t k)
 	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
 }
 
-static unsigned fresh_cls(const struct cuvmm_pool *p, size_t k)
+static unsigned fresh_cls(size_t k)
 {
-	if (!cvm_policy_at_once(&p->r.ctx->policy))
-		return k < CVM_POOL_BIG ? 0 : cvm_large_cls(k);
-	return cvm_whole_cls(k);
+	return k < CVM_POOL_BIG ? 0 : cvm_large_cls(k);
 }
 
 /* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
  * returns the new run (edges set, in no index). */
 static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 {
-	unsigned cls = fresh_cls(p, k);
+	unsigned cls = fresh_cls(k);
 	size_t align = (size_t)1 << cls, lead;
 	size_t i = cvm_seg_first(&p->vseg, 0, (uint32_t)(k + align - 1));
 	struct cvm_run *va, *run, *front;
@@ -240,7 +232,7 @@ static int compose_map(struct cuvmm_pool *p, struct cvm_run *run, struct cvm_run
 	}
 	if (piece != va)
 		cvm_bin_insert(p, va);
-	err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(p, lack));
+	err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(lack));
 	if (err) {
 		cvm_bin_insert(p, piece);
 		cvm_coalesce(p, piece);
