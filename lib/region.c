@@ -447,6 +447,11 @@ int cvm_region_unmap_now_locked(struct cuvmm_region *r, const struct cvm_granule
 			u[i].g = g;
 			u[i].c = r->slot[g].chunk;
 			u[i].since = v[k].since;
+			/* Being unmapped without the lock: cuvmm_ctx_add_peer must not grant access to it meanwhile
+			 * (the driver refuses a range partly unmapped). A refused unmap keeps it noacc, so taking it
+			 * back grants every device (cvm_region_grant_locked); chunk_gone clears the flag. */
+			for (size_t j = 0; j < cvm_span(r, u[i].c); j++)
+				r->slot[g + j].noacc = 1;
 			i++;
 		}
 	pthread_mutex_unlock(&r->lock);

@@ -351,6 +351,30 @@ static bool wait_for(volatile int *flag, int timeout_ms)
 	return *flag != 0;
 }
 
+/*
+ * A peer added while the reclaim pass unmaps free memory without the region's lock: the chunks being unmapped
+ * are not granted (the driver refuses access to a range partly unmapped). Before the fix, cuvmm_ctx_add_peer
+ * returned an error in rounds whose add fell inside the pass (about one run of this test in two with 24 rounds).
+ */
+START_TEST(test_add_peer_during_reclaim)
+{
+	for (int round = 0; round < 64; round++) {
+		struct cuvmm_ctx *ctx = ctx_two(1, 1);
+		struct cuvmm_pool *p = pool_on(ctx, 0, 0);
+		void *a[32];
+
+		for (int i = 0; i < 32; i++)
+			ck_assert_int_eq(cuvmm_malloc(p, 4 * TC_MiB, &a[i]), CUVMM_OK);
+		for (int i = 0; i < 32; i++)
+			ck_assert_int_eq(cuvmm_free(p, a[i]), CUVMM_OK);
+		tc_sleep_ms(round % 4);
+		ck_assert_int_eq(cuvmm_ctx_add_peer(ctx, 0, 1), CUVMM_OK);
+		cuvmm_pool_destroy(p);
+		cuvmm_ctx_destroy(ctx);
+	}
+}
+END_TEST
+
 /* A trim of device 0 waiting for its GPU work holds up neither a trim of device 1 nor the background
  * thread's release of device 1's idle memory. */
 START_TEST(test_trim_independent)
@@ -503,6 +527,7 @@ int main(void)
 	tcase_add_test(tc, test_peers_refused);
 	tcase_add_test(tc, test_peers_faults);
 	tcase_add_test(tc, test_add_peer);
+	tcase_add_test(tc, test_add_peer_during_reclaim);
 	tcase_add_test(tc, test_trim_independent);
 	tcase_add_test(tc, test_host_devices_apart);
 	tcase_add_test(tc, test_env);
