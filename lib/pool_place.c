@@ -294,12 +294,13 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 	err = cvm_make_room(p, k, run);
 	if (err < 0)
 		return err;
-	/* Look again: the slack it unmapped went back to address space and merged with what lies beside it,
-	 * perhaps the very VA run found (freed then), and with the lock dropped (err 1) anything may have
-	 * changed. The slack is within its cap now. */
-	run = compose_find(p, k, stream, &va, &after);
-	if (!run)
-		return CUVMM_ENOSPC;
+	if (err) {
+		/* Look again: the slack it unmapped merged with the address space beside it, perhaps the very VA
+		 * run found (freed then), and with the lock dropped anything may have changed. */
+		run = compose_find(p, k, stream, &va, &after);
+		if (!run)
+			return CUVMM_ENOSPC;
+	}
 	return compose_map(p, run, va, after, k, out);
 }
 

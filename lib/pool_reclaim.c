@@ -128,17 +128,19 @@ static bool steal_slack(struct cuvmm_pool *p, size_t cap, const struct cvm_run *
  * however the two threads interleave. Earlier this was checked only before fresh mappings, with 64 MiB
  * past the cap allowed: a composing allocation skipped it (held grew without bound while the pass could
  * not get the lock), and 64 MiB is 32 granules on the H200, past the bound test_slack_bound checks.
- * 1 when the lock was dropped (for the synchronisation): `keep` may be gone, look again; CUVMM_ESTATE
- * when the pool was put to sleep meanwhile.
+ * 0 when nothing was moved; 1 when slack was unmapped (it went back to address space and merged with the
+ * VA runs beside it) or the lock was dropped for the synchronisation (then `keep` may be gone too): a
+ * caller holding runs looks again; CUVMM_ESTATE when the pool was put to sleep meanwhile.
  */
 int cvm_make_room(struct cuvmm_pool *p, size_t k, const struct cvm_run *keep)
 {
 	size_t kept = keep ? cvm_gbytes(p, keep->len) : 0;
 	size_t cap = cvm_slack_cap_after(p, cvm_gbytes(p, k));
 
-	if (p->free_bytes - kept <= cap || !steal_slack(p, cap, keep) ||
-	    p->free_bytes - kept <= cap + cvm_gbytes(p, CVM_GOING_BATCH))
-		return CUVMM_OK;
+	if (p->free_bytes - kept <= cap)
+		return CUVMM_OK; /* nothing moved: the runs are as they were */
+	if (!steal_slack(p, cap, keep) || p->free_bytes - kept <= cap + cvm_gbytes(p, CVM_GOING_BATCH))
+		return 1;
 	pthread_mutex_unlock(&p->r.lock);
 	cvm_dev_sync_epoch(p->r.dev);
 	pthread_mutex_lock(&p->r.lock);
