@@ -143,10 +143,10 @@ void cvm_free_to_va(struct cuvmm_pool *p, struct cvm_run *run);
 /* Out of memory: synchronise the device (lock dropped), unmap every safe FREE run, release the device's
  * cache. CUVMM_ESTATE (nothing done) when the pool was put to sleep meanwhile. */
 int cvm_drop_slack(struct cuvmm_pool *p);
-/* Before mapping memory for an allocation of k granules (extending FREE run `keep`, or NULL): move slack
- * beyond the cap it leaves (synchronising the device when too much waits for that). 0: nothing moved; 1:
- * runs were unmapped and merged, or the lock dropped (`keep` may be gone): look again; CUVMM_ESTATE when the
- * pool was put to sleep meanwhile. */
+/* Before mapping memory for an allocation of k granules (extending FREE run `keep`, or NULL): wait for a
+ * reclaim pass unmapping without the lock, then move slack beyond the cap it leaves (synchronising the
+ * device when too much waits for that). 0: nothing moved; 1: runs were unmapped and merged, or the lock
+ * dropped (`keep` may be gone): look again; CUVMM_ESTATE when the pool was put to sleep meanwhile. */
 int cvm_make_room(struct cuvmm_pool *p, size_t k, const struct cvm_run *keep);
 /* Wait (lock dropped meanwhile) until no reclaim pass is unmapping GOING runs of this pool. */
 void cvm_wait_going(struct cuvmm_pool *p);

@@ -122,24 +122,43 @@ static bool steal_slack(struct cuvmm_pool *p, size_t cap, const struct cvm_run *
  * lacks): slack beyond the cap the allocation leaves is moved instead of added to (unmapped here, its
  * chunks remapped by the map that follows). `keep`: the FREE run the allocation extends (compose), which it
  * takes whole and which is not slack after it. Slack that waits only for a device synchronisation (memory
- * freed without a stream) is left to the reclaim pass up to one batch past the cap; beyond that the
- * allocating thread synchronises itself, as cudaFree always does. So held stays within the peak footprint
- * plus a quarter, plus one batch the pass may be unmapping, plus one waiting for its synchronisation,
- * however the two threads interleave. Earlier this was checked only before fresh mappings, with 64 MiB
- * past the cap allowed: a composing allocation skipped it (held grew without bound while the pass could
- * not get the lock), and 64 MiB is 32 granules on the H200, past the bound test_slack_bound checks.
+ * freed without a stream) is left to the reclaim pass up to half the cap (at most one batch, at least one
+ * granule); beyond that the allocating thread synchronises itself, as cudaFree always does. And while the
+ * pass is unmapping a batch without the lock, the allocating thread waits for it (one batch of unmaps)
+ * rather than create chunks beside the ones going to the cache. So held stays within the peak footprint
+ * plus a quarter, plus half of that at most waiting for its synchronisation, however the two threads
+ * interleave. Before, a fixed allowance of one batch (32 MiB on the H200) past the cap, and chunks created
+ * while a batch was being unmapped, were each a quarter of the held memory of a pool of 130 MiB on the
+ * sweep's smallest trace (1.6x at a 1/16 cap); earlier still a composing allocation skipped the check.
  * 0 when nothing was moved; 1 when slack was unmapped (it went back to address space and merged with the
- * VA runs beside it) or the lock was dropped for the synchronisation (then `keep` may be gone too): a
- * caller holding runs looks again; CUVMM_ESTATE when the pool was put to sleep meanwhile.
+ * VA runs beside it) or the lock was dropped (a wait or the synchronisation; then `keep` may be gone too):
+ * a caller holding runs looks again; CUVMM_ESTATE when the pool was put to sleep meanwhile.
  */
 int cvm_make_room(struct cuvmm_pool *p, size_t k, const struct cvm_run *keep)
 {
-	size_t kept = keep ? cvm_gbytes(p, keep->len) : 0;
-	size_t cap = cvm_slack_cap_after(p, cvm_gbytes(p, k));
+	size_t kept, cap, wait_sync;
+	bool waited = false;
 
+	if (p->going) {
+		/* A reclaim pass is unmapping runs without the lock: mapped now, this allocation would create
+		 * chunks while theirs are still held. Once the pass is done they are in the device's cache, where
+		 * the map takes them. (The wait is one batch of unmaps at most.) */
+		cvm_wait_going(p);
+		if (cvm_region_asleep(&p->r))
+			return CUVMM_ESTATE;
+		waited = true;
+		keep = NULL; /* (may be gone: the caller looks again) */
+	}
+	kept = keep ? cvm_gbytes(p, keep->len) : 0;
+	cap = cvm_slack_cap_after(p, cvm_gbytes(p, k));
 	if (p->free_bytes - kept <= cap)
-		return CUVMM_OK; /* nothing moved: the runs are as they were */
-	if (!steal_slack(p, cap, keep) || p->free_bytes - kept <= cap + cvm_gbytes(p, CVM_GOING_BATCH))
+		return waited; /* nothing moved */
+	/* Slack that waits for a device synchronisation is left to the pass up to half the cap (at most one
+	 * batch, at least a granule); past that the allocating thread synchronises. */
+	wait_sync = cap / 2 < cvm_gbytes(p, CVM_GOING_BATCH) ? cap / 2 : cvm_gbytes(p, CVM_GOING_BATCH);
+	if (wait_sync < cvm_gbytes(p, 1))
+		wait_sync = cvm_gbytes(p, 1);
+	if (!steal_slack(p, cap, keep) || p->free_bytes - kept <= cap + wait_sync)
 		return 1;
 	pthread_mutex_unlock(&p->r.lock);
 	cvm_dev_sync_epoch(p->r.dev);

@@ -362,6 +362,8 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	struct cvm_chunk **kept = NULL;
 	size_t n = 0;
 	struct cvm_region_sleep *z;
+	uint64_t t0 = cvm_now_ns(), t_copy, t_unmap;
+	bool pinned_new = false;
 	int err;
 
 	if (cvm_region_asleep(r))
@@ -418,6 +420,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 			if (err)
 				goto fail;
 			s->host = pin->h;
+			pinned_new = true;
 		}
 		err = copy_out(r, s, pin, stream);
 		if (pin)
@@ -430,6 +433,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		if (err)
 			goto fail;
 	}
+	t_copy = cvm_now_ns();
 	for (size_t i = 0; i < s->nchunks; i++) {
 		if (!cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]))
 			continue;
@@ -453,14 +457,19 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	}
 	/* Past the point of no return: the physical memory goes back to the driver, not to the cache. */
 	size_t slept = 0;
+	t_unmap = cvm_now_ns();
 	for (size_t i = 0; i < s->nchunks; i++) {
 		if (!kept[i])
 			continue;
 		slept += kept[i]->size;
 		cvm_phys_release(&r->dev->phys, kept[i]);
 	}
-	cvm_info("sleep (%s): gave %.1f MiB (%zu chunks) back to the driver", mode == CUVMM_SLEEP_OFFLOAD ?
-		 "offload" : "discard", slept / 1048576.0, s->nchunks);
+	/* Where the time went, for "why was my sleep slow": the copy (and a first sleep's pinning), then one
+	 * unmap and one release per chunk. */
+	cvm_info("sleep (%s): gave %.1f MiB (%zu chunks) back to the driver in %.1f ms: %s %.1f ms, unmap %.1f ms, "
+		 "release %.1f ms", mode == CUVMM_SLEEP_OFFLOAD ? "offload" : "discard", slept / 1048576.0,
+		 s->nchunks, (cvm_now_ns() - t0) / 1e6, pinned_new ? "pin and copy" : "copy", (t_copy - t0) / 1e6,
+		 (t_unmap - t_copy) / 1e6, (cvm_now_ns() - t_unmap) / 1e6);
 	free(kept);
 	z->rec = s;
 	return CUVMM_OK;
