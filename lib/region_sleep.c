@@ -16,10 +16,10 @@
  *
  * The host copy (struct cvm_pinned) is anonymous memory (mmap, huge pages where the system allows),
  * pinned in pieces of CVM_COPY_PIECE bytes with cuMemHostRegister: one cudaHostAlloc-like call of 8 GiB
- * costs seconds, most of it first-touching the pages on one thread. Here min(online CPUs, 16) threads
- * ($CUVMM_PIN_THREADS, the sleeping thread one of them) each take the next piece, touch it and register
- * it, and the sleeping thread queues each piece's copy as soon as that piece is pinned; so the pinning of
- * later pieces overlaps the copies of earlier ones. No copy crosses a piece (each is its own registration). A failure (a register
+ * costs seconds, most of it first-touching the pages on one thread. Here min(online CPUs, 16) worker
+ * threads ($CUVMM_PIN_THREADS; with 1, the sleeping thread alone) each take the next piece, touch it and
+ * register it, and the sleeping thread queues each piece's copy as soon as that piece is pinned; so the
+ * pinning of later pieces overlaps the copies of earlier ones. No copy crosses a piece (each is its own registration). A failure (a register
  * refused, a piece that cannot be populated) stops the workers; what was registered is unregistered and the
  * memory unmapped, and the sleep fails as any other. All host copies of the process, asleep or kept for the
  * next sleep, stay under $CUVMM_SLEEP_HOST_LIMIT if it is set.
@@ -178,8 +178,11 @@ static void *pin_worker(void *arg)
 	return NULL;
 }
 
-/* Wait until piece i is pinned, pinning unclaimed pieces meanwhile: the sleeping thread is one of the
- * pinning threads (and with no worker started, the only one). CUVMM_OK, or the job's failure. */
+/* Wait until piece i is pinned. With workers, the sleeping thread only waits: it must be free to queue
+ * each piece's copy the moment that piece is pinned (when it pinned too, the copies of pieces the workers
+ * had finished waited behind its own piece, and the first sleep of 8 GiB took 0.59 s to pin and copy where
+ * pinning alone takes 0.32-0.39 s on 16 threads). With no worker started it pins every piece itself.
+ * CUVMM_OK, or the job's failure. */
 static int pin_wait(struct pin_job *j, size_t i)
 {
 	int err;
@@ -190,7 +193,8 @@ static int pin_wait(struct pin_job *j, size_t i)
 		bool help;
 
 		pthread_mutex_lock(&j->lock);
-		while (!j->done[i] && !atomic_load(&j->err) && atomic_load(&j->next) >= j->h->npieces)
+		while (!j->done[i] && !atomic_load(&j->err) &&
+		       (j->nthreads || atomic_load(&j->next) >= j->h->npieces))
 			pthread_cond_wait(&j->cond, &j->lock);
 		err = atomic_load(&j->err);
 		help = !err && !j->done[i];
@@ -202,8 +206,9 @@ static int pin_wait(struct pin_job *j, size_t i)
 }
 
 /* Start pinning a new host copy of `bytes`: map it, start the workers: $CUVMM_PIN_THREADS pinning threads
- * (at most one per piece), the sleeping thread one of them (pin_wait), so one thread starts no worker. A
- * worker that cannot be started leaves its share to the others. */
+ * (at most one per piece). With one thread, no worker is started and the sleeping thread pins (pin_wait);
+ * with more, the sleeping thread queues copies while the workers pin. A worker that cannot be started
+ * leaves its share to the others (and if none starts, to the sleeping thread). */
 static int pin_start(struct cvm_drv_dev *d, size_t bytes, struct pin_job **out)
 {
 	struct pin_job *j = calloc(1, sizeof(*j));
@@ -222,7 +227,8 @@ static int pin_start(struct cvm_drv_dev *d, size_t bytes, struct pin_job **out)
 		want = (unsigned)j->h->npieces;
 	j->d = d;
 	j->done = calloc(j->h->npieces, 1);
-	want--; /* the sleeping thread */
+	if (want == 1)
+		want = 0; /* the sleeping thread pins alone */
 	j->tid = calloc(want ? want : 1, sizeof(*j->tid));
 	if (!j->done || !j->tid) {
 		pinned_free(d, j->h);
@@ -236,7 +242,8 @@ static int pin_start(struct cvm_drv_dev *d, size_t bytes, struct pin_job **out)
 	while (j->nthreads < want && !pthread_create(&j->tid[j->nthreads], NULL, pin_worker, j))
 		j->nthreads++;
 	if (j->nthreads < want)
-		cvm_info("sleep: %u of %u pinning threads started", j->nthreads + 1, want + 1);
+		cvm_info("sleep: %u of %u pinning threads started%s", j->nthreads, want,
+			 j->nthreads ? "" : " (the sleeping thread pins alone)");
 	*out = j;
 	return CUVMM_OK;
 }
