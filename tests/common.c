@@ -183,6 +183,18 @@ int64_t tc_memfd_bytes(void)
 
 /* ----- statistics ----- */
 
+size_t tc_granularity(struct cuvmm_ctx *ctx)
+{
+	struct cuvmm_region *r = NULL;
+	size_t g;
+
+	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 1, &r), CUVMM_OK);
+	g = cuvmm_region_granularity(r);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_gt(g, 0);
+	return g;
+}
+
 struct cuvmm_stats tc_ctx_stats(struct cuvmm_ctx *ctx)
 {
 	struct cuvmm_stats st;

@@ -49,6 +49,8 @@ int64_t tc_rss_shmem(void);
 int64_t tc_memfd_bytes(void);
 
 /* Statistics, asserting success. */
+/* The device granularity of device 0, through the public API (a region reports it). */
+size_t tc_granularity(struct cuvmm_ctx *ctx);
 struct cuvmm_stats tc_ctx_stats(struct cuvmm_ctx *ctx);
 struct cuvmm_stats tc_region_stats(struct cuvmm_region *r);
 /* On the host backend, assert that the memfds hold exactly the device's held_bytes. */

@@ -60,19 +60,6 @@ static struct cuvmm_pool *new_pool(struct cuvmm_ctx *ctx, size_t max_bytes)
 	return pool;
 }
 
-/* The device's granularity, through the public API (a region reports it). */
-static size_t gran_of(struct cuvmm_ctx *ctx)
-{
-	struct cuvmm_region *r = NULL;
-	size_t g;
-
-	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 1, &r), CUVMM_OK);
-	g = cuvmm_region_granularity(r);
-	cuvmm_region_destroy(r);
-	ck_assert_uint_gt(g, 0);
-	return g;
-}
-
 /* Two distinct streams: real ones on CUDA; on the host any distinct non-NULL values (tc_stream_create hands
  * out the same value every time). */
 static CUstream new_stream(int i)
@@ -649,7 +636,7 @@ static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool
 	ops = env_u64("TEST_POOL_OPS", ops);
 	m.delay_ms = delay_ms;
 	m.ctx = new_ctx(delay_ms, false, 0, host_gran);
-	m.gran = gran_of(m.ctx);
+	m.gran = tc_granularity(m.ctx);
 	m.small_max = small_max_of(m.gran);
 	m.pool = new_pool(m.ctx, 0);
 	m.reserved = pool_st(m.pool).reserved_bytes;
@@ -817,7 +804,7 @@ START_TEST(test_fault_malloc_fresh)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	const size_t sizes[2] = {3000, 7 * g - 100}; /* a new slab (its class is not in use); chunks of 4, 2, 1 */
 	static const struct {
 		enum cuvmm_call call;
@@ -895,7 +882,7 @@ START_TEST(test_fault_pack_bump)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx), asz = 2 * g + g / 2, bsz = 2 * g + g / 4;
+	size_t g = tc_granularity(ctx), asz = 2 * g + g / 2, bsz = 2 * g + g / 4;
 	static const enum cuvmm_call calls[] = {CUVMM_CALL_CREATE, CUVMM_CALL_MAP, CUVMM_CALL_SET_ACCESS};
 	void *a, *b, *c;
 
@@ -931,7 +918,7 @@ START_TEST(test_fault_enomem_gives_slack_back)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	void *x, *y = SENTINEL;
 
 	ck_assert_int_eq(cuvmm_malloc(pool, 3 * g, &x), CUVMM_OK);
@@ -1058,7 +1045,7 @@ START_TEST(test_fault_device_sync)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	struct snap before, after;
 	struct others o;
 	void *x, *a, *b;
@@ -1117,7 +1104,7 @@ START_TEST(test_fault_unmap)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx), xb = g - 100; /* one granule, one chunk */
+	size_t g = tc_granularity(ctx), xb = g - 100; /* one granule, one chunk */
 	struct snap before, after;
 	struct others o;
 	uint64_t n0;
@@ -1168,7 +1155,7 @@ START_TEST(test_fault_release)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	uint64_t held_after_fault, held_end;
 	int64_t fd_after_fault = 0, fd_end = 0;
 	void *x;
@@ -1206,7 +1193,7 @@ END_TEST
 START_TEST(test_bad_input)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	struct cuvmm_pool_config pc;
 	struct cuvmm_pool *out = SENTINEL, *pool, *other;
 	struct cuvmm_stats st;
@@ -1412,7 +1399,7 @@ START_TEST(test_release_on_later_call)
 {
 	struct cuvmm_ctx *ctx = new_ctx(50, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	void *a, *b, *c;
 
 	ck_assert_int_eq(cuvmm_malloc(pool, 256, &a), CUVMM_OK); /* its slab stays */
@@ -1486,7 +1473,7 @@ START_TEST(test_release_retain)
 	uint64_t held;
 
 	ctx = new_ctx(50, true, 2 * 2 * TC_MiB, 0);
-	g = gran_of(ctx);
+	g = tc_granularity(ctx);
 	ck_assert_uint_eq(g, 2 * TC_MiB); /* retain_bytes above is two granules */
 	pool = new_pool(ctx, 0);
 	for (int i = 0; i < 8; i++)
@@ -1513,7 +1500,7 @@ START_TEST(test_trim_keep)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	struct cuvmm_stats ps, cs;
 	void *p[12];
 
@@ -1589,7 +1576,7 @@ START_TEST(test_idle_bound)
 {
 	struct cuvmm_ctx *ctx = new_ctx(50, true, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	uint64_t rng = DEFAULT_SEED, live, issue, impl, held;
 	void *p[160];
 	size_t bytes[160];
@@ -1658,7 +1645,7 @@ START_TEST(test_idle_bound_cut_extension)
 {
 	struct cuvmm_ctx *ctx = new_ctx(50, true, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx), yb = 240 * g + 1;
+	size_t g = tc_granularity(ctx), yb = 240 * g + 1;
 	uint64_t held;
 	void *x, *y;
 
@@ -1702,7 +1689,7 @@ static void slack_run(bool paced, int64_t delay_ms, double *pool_ratio, double *
 	cfg.retain_bytes = 0;
 	cfg.device_limit_bytes = 1536 * TC_MiB;
 	ctx = tc_ctx(&cfg);
-	g = gran_of(ctx);
+	g = tc_granularity(ctx);
 	pool = new_pool(ctx, 0);
 	ck_assert_int_eq(cuvmm_malloc(pool, 8 * g + g / 2, &x), CUVMM_OK);
 	for (size_t i = 1; i <= 100; i++) {
@@ -1794,7 +1781,7 @@ START_TEST(test_stream_reuse_large)
 		return; /* needs the gate; test_gpu_stream_reuse does this on a GPU */
 	ctx = new_ctx(-1, false, 0, 0);
 	pool = new_pool(ctx, 0);
-	g = gran_of(ctx);
+	g = tc_granularity(ctx);
 	size = 36 * g; /* above the packer's limit (test_stream_reuse_packed does packed ones) */
 	s1 = new_stream(0);
 	s2 = new_stream(1);
@@ -1852,7 +1839,7 @@ START_TEST(test_stream_reuse_small)
 		return;
 	ctx = new_ctx(-1, false, 0, 0);
 	pool = new_pool(ctx, 0);
-	g = gran_of(ctx);
+	g = tc_granularity(ctx);
 	size = small_max_of(g); /* the largest class: few slots per slab */
 	nslots = g / class_round(size);
 	ck_assert_uint_le(nslots, 8);
@@ -1920,7 +1907,7 @@ START_TEST(test_stream_slab_from_pending_run)
 		return; /* test_gpu_stream_reuse has the GPU version */
 	ctx = new_ctx(-1, false, 0, 0);
 	pool = new_pool(ctx, 0);
-	g = gran_of(ctx);
+	g = tc_granularity(ctx);
 	s1 = new_stream(0);
 	s2 = new_stream(1);
 	ck_assert_int_eq(cuvmm_malloc_async(pool, g - 100, s1, &x), CUVMM_OK); /* one granule */
@@ -1966,7 +1953,7 @@ START_TEST(test_stream_reuse_packed)
 		return; /* needs the gate */
 	ctx = new_ctx(-1, false, 0, 0);
 	pool = new_pool(ctx, 0);
-	g = gran_of(ctx);
+	g = tc_granularity(ctx);
 	size = 2 * g + 1000; /* packed: 2 granules and 1024 bytes */
 	ck_assert_uint_le(size, pack_max_of(g));
 	s1 = new_stream(0);
@@ -2318,7 +2305,7 @@ START_TEST(test_gpu_slab_stream_reuse)
 		return; /* test_stream_slab_from_pending_run does this with the host gate */
 	ctx = new_ctx(1000, true, 0, 0);
 	pool = new_pool(ctx, 0);
-	g = gran_of(ctx);
+	g = tc_granularity(ctx);
 	a = new_stream(0);
 	b = new_stream(1);
 	ck_assert_int_eq(cuvmm_malloc_async(pool, g - 100, a, &x), CUVMM_OK); /* one granule */
@@ -2440,7 +2427,7 @@ START_TEST(test_next_fit)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	void *a, *b, *c, *d, *x, *y, *z;
 	uint64_t maps;
 
@@ -2506,7 +2493,7 @@ START_TEST(test_compose)
 {
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 	struct compose_case cc;
 	void *u, *x, *t;
 	uint64_t maps, creates;
@@ -2553,7 +2540,7 @@ START_TEST(test_fault_compose)
 	static const enum cuvmm_call calls[] = {CUVMM_CALL_CREATE, CUVMM_CALL_MAP, CUVMM_CALL_SET_ACCESS};
 	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
 	struct cuvmm_pool *pool = new_pool(ctx, 0);
-	size_t g = gran_of(ctx);
+	size_t g = tc_granularity(ctx);
 
 	for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++) {
 		for (unsigned skip = 0; skip < (calls[c] == CUVMM_CALL_SET_ACCESS ? 1u : 2u); skip++) {

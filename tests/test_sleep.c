@@ -603,6 +603,16 @@ START_TEST(test_pool_sleep_wake)
 }
 END_TEST
 
+/* The end of a test whose pool has everything freed: trim gives all of it back, then both go. */
+static void trim_close(struct cuvmm_ctx *ctx, struct cuvmm_pool *p)
+{
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	tc_assert_os_matches(ctx);
+	cuvmm_pool_destroy(p);
+	cuvmm_ctx_destroy(ctx);
+}
+
 /*
  * A pool's wake maps each large allocation with handles as large as fit (up to 64 granules) instead of the
  * 2 MiB ones it had: a 64-granule allocation at granule 0 comes back as one chunk, its contents intact, and
@@ -613,14 +623,11 @@ START_TEST(test_pool_wake_coarsens)
 {
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_pool *p = pool_new(ctx);
-	struct cuvmm_region *r = NULL;
 	size_t g, k = 64;
 	void *a, *small, *again;
 	uint64_t maps, unmaps, releases;
 
-	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 1, &r), CUVMM_OK); /* the granularity, as a region reports it */
-	g = cuvmm_region_granularity(r);
-	cuvmm_region_destroy(r);
+	g = tc_granularity(ctx);
 
 	ck_assert_int_eq(cuvmm_malloc(p, k * g, &a), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_malloc(p, 1000, &small), CUVMM_OK);
@@ -664,11 +671,7 @@ START_TEST(test_pool_wake_coarsens)
 	ck_assert_uint_eq(tc_check(again, k * g / 4, 0xb22), 0);
 	ck_assert_int_eq(cuvmm_free(p, again), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free(p, small), CUVMM_OK);
-	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
-	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	tc_assert_os_matches(ctx);
-	cuvmm_pool_destroy(p);
-	cuvmm_ctx_destroy(ctx);
+	trim_close(ctx, p);
 }
 END_TEST
 
@@ -682,15 +685,12 @@ START_TEST(test_pool_wake_coarsens_packed)
 {
 	struct cuvmm_ctx *ctx = ctx_with(-1);
 	struct cuvmm_pool *p = pool_new(ctx);
-	struct cuvmm_region *r = NULL;
 	enum { N = 40 };
 	void *a[N], *more = NULL;
 	size_t g, each;
 	uint64_t unmaps, first_unmaps;
 
-	ck_assert_int_eq(cuvmm_region_create(ctx, 0, 1, &r), CUVMM_OK);
-	g = cuvmm_region_granularity(r);
-	cuvmm_region_destroy(r);
+	g = tc_granularity(ctx);
 	each = g + g / 2; /* a granule and a half: packed, two allocations share a granule */
 	for (int i = 0; i < N; i++) {
 		ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
@@ -727,11 +727,7 @@ START_TEST(test_pool_wake_coarsens_packed)
 	ck_assert_uint_le(tc_ctx_stats(ctx).held_bytes, 64 * g);
 	ck_assert_uint_eq(tc_check(a[N / 2], each / 4, 0x1000u + N / 2), 0);
 	ck_assert_int_eq(cuvmm_free(p, a[N / 2]), CUVMM_OK);
-	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
-	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	tc_assert_os_matches(ctx);
-	cuvmm_pool_destroy(p);
-	cuvmm_ctx_destroy(ctx);
+	trim_close(ctx, p);
 }
 END_TEST
 
