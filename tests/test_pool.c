@@ -1719,11 +1719,11 @@ static void slack_run(bool paced, int64_t delay_ms, double *pool_ratio, double *
 }
 
 /*
- * The bound the pool promises while busy: slack up to a quarter of the recent peak footprint (which is at
- * most peak live plus one granule per allocation, two here), plus what a reclaim pass has detached and is
- * unmapping while an allocation maps fresh memory (16 granules at most), plus the cap's floor of 8
- * granules. Peak live here is about 216 granules, so the bound is about 1.36x; without the cap held would
- * pile up towards the device limit (3.5x).
+ * The bound the pool promises while busy (cvm_make_room): slack up to a quarter of the recent peak footprint
+ * (which is at most peak live plus one granule per allocation, two here), plus slack waiting for a device
+ * synchronisation (half the cap, at most 16 granules; an allocation never maps beside a batch the reclaim
+ * pass is unmapping: it waits for it), plus the cap's floor of 8 granules. Peak live here is about 216
+ * granules, so the bound is about 1.36x; without the cap held would pile up towards the device limit (3.5x).
  */
 START_TEST(test_slack_bound)
 {
