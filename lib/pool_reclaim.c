@@ -305,6 +305,10 @@ again:
 		err = cvm_dev_sync_epoch(p->r.dev);
 		pthread_mutex_lock(&p->r.lock);
 		synced = true;
+		/* Put to sleep meanwhile (not while this pass holds GOING runs: the sleep waits for those): it
+		 * gave back all the free memory itself. */
+		if (!going && cvm_region_asleep(&p->r))
+			return UINT64_MAX;
 		if (!err)
 			goto again;
 		/* EBUSY: a stream capture is under way (graph.h); expected, and over soon. */
