@@ -761,11 +761,12 @@ CUVMM_API int cuvmm_pool_sleep(struct cuvmm_pool *pool, enum cuvmm_sleep_mode mo
 
 /**
  * Wake a sleeping pool: every allocation is mapped again at its address (with its contents after
- * OFFLOAD). On failure the pool stays asleep and intact. Allocations of 32 granules (64 MiB on current
- * GPUs) or more come back on larger handles (about a sixteenth of the allocation each, up to 128 MiB), 16 to
- * 32 handles per allocation instead of one per granule (more above 2 GiB): a pool that sleeps holds
- * long-lived memory such as weights, and the driver's cost of this wake and of every later sleep is per
- * handle.
+ * OFFLOAD). On failure the pool stays asleep and intact. A pool that sleeps holds long-lived memory such as
+ * weights, and the driver's cost of this wake and of every later sleep is per handle, so memory comes back
+ * on larger handles than one per granule: each allocation of 32 granules (64 MiB on current GPUs) or more on
+ * handles as large as fit inside it (powers of two up to 128 MiB), and neighbouring packed allocations
+ * (above the small-allocation size, up to 32 granules; they share granules) together on handles of up to 32
+ * granules. Memory on such a handle goes back to the driver once none of the handle is allocated.
  * @param[in] pool the pool
  * @param[in] stream as for cuvmm_region_wake()
  * @return as cuvmm_region_wake()
