@@ -21,7 +21,7 @@ static bool pack_avail(void *arg, size_t g, size_t n)
 	/* Fresh memory only while the pool has no slack: where memory is being freed (a KV cache growing
 	 * buffers), the bump would map ahead while FREE memory piles up behind it; cvm_get_run reuses it. */
 	if (run->kind == CVM_RUN_VA)
-		return p->free_bytes == 0;
+		return p->free_bytes == 0 && !p->going; /* (not beside a batch being unmapped: cvm_make_room) */
 	return run->kind == CVM_RUN_FREE && !run->fence.ev && cvm_cut_len(p, run, n) == n;
 }
 

@@ -312,9 +312,12 @@ static int compose_fit(struct cuvmm_pool *p, size_t k, CUstream stream, struct c
 int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, struct cvm_run **out)
 {
 	size_t take;
-	struct cvm_run *run = ring ? next_fit(p, k, &take) : NULL, *front;
+	struct cvm_run *run, *front;
+	bool again = true;
 	int err;
 
+look:
+	run = ring ? next_fit(p, k, &take) : NULL;
 	if (!run)
 		run = best_fit(p, k, stream, &take); /* pending runs usable on `stream` too */
 	if (run) {
@@ -346,6 +349,11 @@ int cvm_get_run(struct cuvmm_pool *p, size_t k, CUstream stream, bool ring, stru
 	err = cvm_make_room(p, k, NULL);
 	if (err < 0)
 		return err;
+	if (err && again) {
+		/* The lock was dropped (a wait or a synchronisation): memory freed meanwhile may serve. Once. */
+		again = false;
+		goto look;
+	}
 	err = map_fresh(p, k, out);
 	if (err == CUVMM_ENOMEM && p->free_bytes + cvm_phys_cached(&p->r.dev->phys)) {
 		err = cvm_drop_slack(p);

@@ -185,7 +185,7 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 
 	for (run = going; run; run = run->lnext)
 		n++;
-	v = malloc((n ? n : 1) * sizeof(*v));
+	v = calloc(n ? n : 1, sizeof(*v));
 	if (v) {
 		for (run = going; run; run = run->lnext, i++) {
 			v[i].first = run->start;
@@ -301,13 +301,18 @@ again:
 	if (want_sync && !synced) {
 		int err;
 
+		/* The runs detached so far are unmapped first: an allocation that must map waits for GOING
+		 * runs (cvm_make_room), and it must wait for one batch of unmaps, never for the GPU. */
+		if (going) {
+			unmap_going(p, going);
+			going = NULL;
+		}
 		pthread_mutex_unlock(&p->r.lock);
 		err = cvm_dev_sync_epoch(p->r.dev);
 		pthread_mutex_lock(&p->r.lock);
 		synced = true;
-		/* Put to sleep meanwhile (not while this pass holds GOING runs: the sleep waits for those): it
-		 * gave back all the free memory itself. */
-		if (!going && cvm_region_asleep(&p->r))
+		/* Put to sleep meanwhile: the sleep gave back all the free memory itself. */
+		if (cvm_region_asleep(&p->r))
 			return UINT64_MAX;
 		if (!err)
 			goto again;
