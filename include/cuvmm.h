@@ -762,11 +762,9 @@ CUVMM_API int cuvmm_pool_sleep(struct cuvmm_pool *pool, enum cuvmm_sleep_mode mo
 /**
  * Wake a sleeping pool: every allocation is mapped again at its address (with its contents after
  * OFFLOAD). On failure the pool stays asleep and intact. A pool that sleeps holds long-lived memory such as
- * weights, and the driver's cost of this wake and of every later sleep is per handle, so memory comes back
- * on larger handles than one per granule: each allocation of 32 granules (64 MiB on current GPUs) or more on
- * handles as large as fit inside it (powers of two up to 128 MiB), and neighbouring packed allocations
- * (above the small-allocation size, up to 32 granules; they share granules) together on handles of up to 32
- * granules. Memory on such a handle goes back to the driver once none of the handle is allocated.
+ * weights, and the driver's cost of this wake and of every later sleep is per handle, so each allocation of
+ * 32 granules (64 MiB on current GPUs) or more comes back on handles as large as fit inside it (powers of
+ * two up to 128 MiB) instead of one per granule. Smaller allocations keep one handle per granule.
  * @param[in] pool the pool
  * @param[in] stream as for cuvmm_region_wake()
  * @return as cuvmm_region_wake()
