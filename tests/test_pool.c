@@ -15,7 +15,9 @@
 #include <string.h>
 
 #include "common.h"
+#include "ctx.h"      /* the background thread's flag, to run reclaim passes by hand */
 #include "drv_test.h" /* cvm_host_gate_close/open */
+#include "pool_int.h" /* cvm_pool_reclaim */
 #include "gpu.h"
 #include "seg.h" /* the first-fit index, tested directly */
 
@@ -1765,6 +1767,82 @@ START_TEST(test_slack_bound_short_delay)
 }
 END_TEST
 
+/*
+ * An allocation that must map waits while the reclaim pass unmaps runs it has detached (GOING: their chunks
+ * reach the cache, where the map takes them), and must wait for that batch of unmaps only, never for the
+ * GPU. Here the pass synchronises the device for a run freed without a stream while work is in flight (the
+ * gate closed): the allocation of fresh memory returns before the work completes. Found by review: the pass
+ * held its detached batch across that synchronisation, so the allocation waited for the GPU (until the gate
+ * opened).
+ */
+static _Atomic bool gate_opened;
+
+static void *reclaim_once(void *arg)
+{
+	struct cuvmm_pool *p = arg;
+
+	cvm_pool_reclaim(&p->client, cvm_now_ns(), false);
+	return NULL;
+}
+
+static void *open_later(void *arg)
+{
+	(void)arg;
+	tc_sleep_ms(5000); /* only if the allocation waits for it: then the assertion below fails */
+	atomic_store(&gate_opened, true);
+	cvm_host_gate_open();
+	return NULL;
+}
+
+START_TEST(test_alloc_not_behind_pass_sync)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *p;
+	void *a, *b, *c, *e, *s, *d;
+	pthread_t pass, opener;
+	CUstream st;
+	size_t g;
+	bool opened;
+
+	if (!tc_on_host())
+		return; /* needs the gate */
+	ctx = new_ctx(0, false, 0, 0);
+	p = new_pool(ctx, 0);
+	g = tc_granularity(ctx);
+	ctx->bg_running = true; /* passes run when this test says */
+	ck_assert_int_eq(cuvmm_malloc(p, 40 * g, &a), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(p, 40 * g, &b), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(p, 40 * g, &c), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(p, 40 * g, &e), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(p, 4096, &s), CUVMM_OK);
+	ck_assert_int_eq(tc_stream_create(&st), 0);
+	ck_assert_int_eq(cuvmm_free(p, a), CUVMM_OK);
+	cvm_dev_sync_epoch(p->r.dev); /* a is safe to unmap: the pass detaches it (GOING) */
+	cvm_host_gate_close();        /* GPU work in flight */
+	ck_assert_int_eq(cuvmm_free_async(p, s, st), CUVMM_OK); /* work the device synchronisation waits for */
+	ck_assert_int_eq(cuvmm_free(p, c), CUVMM_OK); /* fenced by the epoch: the pass synchronises for it */
+	atomic_store(&p->want_sync, false);
+	atomic_store(&gate_opened, false);
+	pthread_create(&pass, NULL, reclaim_once, p);
+	for (int i = 0; i < 5000 && !cvm_host_gate_waiters(0); i++)
+		tc_sleep_ms(1);
+	ck_assert_uint_gt(cvm_host_gate_waiters(0), 0); /* the pass is synchronising */
+	pthread_create(&opener, NULL, open_later, NULL);
+	ck_assert_int_eq(cuvmm_malloc(p, 60 * g, &d), CUVMM_OK); /* fresh memory: needs no synchronisation */
+	opened = atomic_load(&gate_opened);
+	pthread_join(opener, NULL);
+	pthread_join(pass, NULL);
+	ck_assert_msg(!opened, "an allocation of fresh memory waited for the reclaim pass's device synchronisation");
+	ck_assert_int_eq(cuvmm_free(p, b), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(p, d), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(p, e), CUVMM_OK);
+	cuvmm_pool_destroy(p);
+	ctx->bg_running = false;
+	tc_stream_destroy(st);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* =====================================================================================================
  * Stream-ordered reuse (host backend: the gate keeps "GPU work" running)
  * ===================================================================================================== */
@@ -2634,6 +2712,7 @@ static Suite *pool_suite(void)
 
 	tc = new_tcase(s, "streams");
 	tcase_add_test(tc, test_stream_reuse_large);
+	tcase_add_test(tc, test_alloc_not_behind_pass_sync);
 	tcase_add_test(tc, test_stream_reuse_small);
 	tcase_add_test(tc, test_stream_slab_from_pending_run);
 	tcase_add_test(tc, test_stream_reuse_packed);
