@@ -384,14 +384,26 @@ int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream 
 		 * 32 granules or more with handles as large as fit (powers of two, up to 128 MiB: a 128 MiB tensor
 		 * in one handle instead of 64), for the wake and every later sleep, whose unmaps and releases then
 		 * cost little beside the copies. Run boundaries stay chunk boundaries: the memory, once freed, is
-		 * reused under the cut rule like any large-handle memory. Packed allocations (512 KiB to 32
-		 * granules) keep their 2 MiB handles: coarsened, a chunk's emptied granules were stranded (the
-		 * packer holds only granules with a live byte) or, with the PACK runs left one per granule, a
-		 * later sleep found them pending and refused (design.md, "Sleep and wake"). */
-		for (size_t g = 0; g < p->r.ngran; g += p->edge[g]->len) {
+		 * reused under the cut rule like any large-handle memory. Packed allocations below. */
+		for (size_t g = 0; g < p->r.ngran;) {
+			size_t end = g;
+
 			run = p->edge[g];
 			if (run->kind == CVM_RUN_USED && run->len >= 32)
 				cvm_region_sleep_coarsen(&p->r, run->start, run->len, cvm_whole_cls(run->len));
+			if (run->kind != CVM_RUN_PACK) {
+				g += run->len;
+				continue;
+			}
+			/* Packed allocations (tensors of 512 KiB to 64 MiB, most of a model's bytes) lie on
+			 * back-to-back PACK runs of 2 MiB chunks: those come back in handles of up to
+			 * CVM_PACK_MAX_GRANULES granules (the largest packed allocation), and pool_wake_pack
+			 * merges the PACK runs of each. Such a chunk goes back once none of its granules holds a
+			 * live byte. */
+			while (end < p->r.ngran && p->edge[end]->kind == CVM_RUN_PACK)
+				end += p->edge[end]->len;
+			cvm_region_sleep_coarsen(&p->r, g, end - g, cvm_whole_cls(CVM_PACK_MAX_GRANULES));
+			g = end;
 		}
 	}
 out:
@@ -409,6 +421,8 @@ int cuvmm_pool_wake(struct cuvmm_pool *p, CUstream stream)
 		return CUVMM_EINVAL;
 	pthread_mutex_lock(&p->r.lock);
 	err = cvm_region_wake_locked(&p->r, stream);
+	if (!err)
+		cvm_pool_pack_woken(p);
 	pthread_mutex_unlock(&p->r.lock);
 	return err;
 }

@@ -72,6 +72,7 @@ struct cuvmm_pool {
 	size_t small_max;              /* largest size served from slabs */
 	size_t pack_max;               /* largest size the packer places (above small_max) */
 	struct cvm_pack pack;          /* allocations above small_max up to pack_max */
+	size_t npack_coarse;           /* PACK runs of more than one granule (a chunk a wake mapped coarse) */
 	unsigned nsmall;               /* size classes in use */
 	struct cvm_slab *partial[CVM_NSMALL]; /* slabs with a free slot, per class */
 	struct cvm_dfree *dq_head, *dq_tail;   /* small and packed frees on streams, oldest first */

@@ -130,6 +130,9 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, const struct cvm_fence *f);
 /* A queued stream free of `x` whose event has completed (cvm_slab_drain): its bytes are free. */
 void cvm_pool_pack_settled(struct cuvmm_pool *p, struct cvm_pack_alloc *x);
+/* After a wake that mapped back-to-back PACK runs in large chunks (cuvmm_pool_sleep coarsened them): the PACK
+ * runs each chunk covers become one. */
+void cvm_pool_pack_woken(struct cuvmm_pool *p);
 
 /* ----- pool_reclaim.c ----- */
 

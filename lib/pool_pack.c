@@ -4,6 +4,13 @@
  * chunk) and takes back, as FREE memory behind the usual fences, the runs on which no live byte is left.
  * Stream frees wait in the deferred queue (pool_slab.c) for their event, and are reused at once by an
  * allocation of the same length on the same stream.
+ *
+ * A PACK run is one chunk. Packed memory is mapped in 2 MiB chunks, so each granule goes back the moment
+ * its last live byte leaves; but a wake maps back-to-back PACK runs in chunks of up to
+ * CVM_PACK_MAX_GRANULES granules (cuvmm_pool_sleep), and such a coarse chunk can only go back whole. Its
+ * granules that empty meanwhile stay mapped and are the packer's to place on before any new memory
+ * (coarse_empty, coarse_find): freed and loaded again, tensors land where the old ones were, and held
+ * stays at live.
  */
 #include <stdlib.h>
 
@@ -11,11 +18,59 @@
 
 /* May the packer extend over granules [g, g + n): the start of a VA run or of a settled FREE run of small
  * chunks, at least n long? */
+/* Granules [g, g + n) all lie in coarse PACK runs (one chunk of more than one granule) and carry no live
+ * byte: mapped and the packer's, to place on without a driver call. */
+static bool coarse_empty(struct cuvmm_pool *p, size_t g, size_t n)
+{
+	if (!p->npack_coarse || g + n > p->r.ngran)
+		return false;
+	for (size_t i = g; i < g + n; i++) {
+		struct cvm_chunk *c = p->r.slot[i].chunk;
+		struct cvm_run *run;
+		size_t span;
+
+		if (!c || p->r.slot[i].state != CVM_SLOT_MAPPED || cvm_pack_holds(&p->pack, i))
+			return false;
+		span = cvm_span(&p->r, c);
+		if (span == 1)
+			return false;
+		run = p->edge[cvm_region_chunk_end_locked(&p->r, i) - span]; /* runs start at chunk boundaries */
+		if (!run || run->kind != CVM_RUN_PACK || run->len != span)
+			return false;
+	}
+	return true;
+}
+
+/* The first n granules in a row (address order) on which coarse_empty holds, in *g; false if none. */
+static bool coarse_find(struct cuvmm_pool *p, size_t n, size_t *g)
+{
+	size_t row = 0;
+
+	for (size_t r = 0; r < p->r.ngran; r += p->edge[r]->len) {
+		struct cvm_run *run = p->edge[r];
+
+		if (run->kind != CVM_RUN_PACK || run->len == 1) {
+			row = 0;
+			continue;
+		}
+		for (size_t i = r; i < r + run->len; i++) {
+			row = cvm_pack_holds(&p->pack, i) ? 0 : row + 1;
+			if (row == n && coarse_empty(p, i + 1 - n, n)) {
+				*g = i + 1 - n;
+				return true;
+			}
+		}
+	}
+	return false;
+}
+
 static bool pack_avail(void *arg, size_t g, size_t n)
 {
 	struct cuvmm_pool *p = arg;
 	struct cvm_run *run = p->edge[g];
 
+	if (coarse_empty(p, g, n))
+		return true; /* the packer's already (placed on by the bump, pack_take has nothing to do) */
 	if (!run || run->start != g || run->len < n)
 		return false;
 	/* Fresh memory only while the pool has no slack: where memory is being freed (a KV cache growing
@@ -43,7 +98,8 @@ static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settl
 		for (size_t i = g; i < g + next->len && empty; i++)
 			empty = !cvm_pack_holds(&p->pack, i);
 		if (!empty)
-			continue; /* a chunk still partly live (the first or the last) */
+			continue; /* a chunk still partly live */
+		p->npack_coarse -= next->len > 1;
 		if (!run) {
 			run = next;
 			continue;
@@ -80,13 +136,17 @@ static int pack_own(struct cuvmm_pool *p, struct cvm_run *run)
 	for (;;) {
 		size_t span = cvm_region_chunk_end_locked(&p->r, run->start) - run->start;
 
-		if (span >= run->len)
+		if (span >= run->len) {
+			p->npack_coarse += run->len > 1;
 			return CUVMM_OK;
+		}
 		if (!cvm_split_front(p, run, span)) {
 			/* The chunks split off so far are empty PACK runs too: all of it goes back. */
+			p->npack_coarse += run->len > 1;
 			pack_give_back(p, g0, n, false, cvm_now_ns());
 			return CUVMM_ENOMEM;
 		}
+		p->npack_coarse += span > 1;
 	}
 }
 
@@ -96,6 +156,8 @@ static int pack_take(struct cuvmm_pool *p, size_t g, size_t n)
 	struct cvm_run *run = p->edge[g], *piece;
 	int err;
 
+	if (coarse_empty(p, g, n))
+		return CUVMM_OK;
 	if (run->kind == CVM_RUN_VA) {
 		cvm_bin_remove(p, run);
 		piece = cvm_split_front(p, run, n);
@@ -178,6 +240,17 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	x->len = len;
 	x->bytes = bytes;
 	cvm_pack_plan(&p->pack, x->len, pack_avail, p, &plan);
+	if ((plan.anywhere || (plan.ng && !coarse_empty(p, plan.g0, plan.ng))) && p->npack_coarse) {
+		/* New granules wanted: the empty granules of coarse chunks first (they are held anyway). */
+		size_t need = (x->len + p->r.gran - 1) >> p->r.gshift, g;
+
+		if (coarse_find(p, need, &g)) {
+			plan.anywhere = false;
+			plan.off = cvm_gbytes(p, g);
+			plan.g0 = g;
+			plan.ng = need;
+		}
+	}
 	if (!plan.anywhere && plan.ng && pack_take(p, plan.g0, plan.ng)) {
 		/* The bump failed (no memory, or a refused map): the way every allocation goes, on granules
 		 * of its own (the bump's ng counted only those past the cursor's last one). */
@@ -229,4 +302,28 @@ void cvm_pool_pack_free(struct cuvmm_pool *p, struct cvm_pack_alloc *x, const st
 void cvm_pool_pack_settled(struct cuvmm_pool *p, struct cvm_pack_alloc *x)
 {
 	pack_release(p, x, true);
+}
+
+void cvm_pool_pack_woken(struct cuvmm_pool *p)
+{
+	p->npack_coarse = 0;
+	for (size_t g = 0; g < p->r.ngran; g += p->edge[g]->len) {
+		struct cvm_run *run = p->edge[g], *next;
+		size_t end;
+
+		if (run->kind != CVM_RUN_PACK)
+			continue;
+		/* The sleep coarsened back-to-back PACK runs only: whatever follows a PACK run inside its chunk
+		 * is PACK. */
+		end = cvm_region_chunk_end_locked(&p->r, run->start);
+		while (run->start + run->len < end) {
+			next = p->edge[run->start + run->len];
+			cvm_edges_clear(p, run);
+			cvm_edges_clear(p, next);
+			run->len += next->len;
+			cvm_edges_set(p, run);
+			free(next);
+		}
+		p->npack_coarse += run->len > 1;
+	}
 }

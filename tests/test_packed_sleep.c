@@ -81,6 +81,16 @@ static const char *runs_bad(struct cuvmm_pool *p, char *buf, size_t n)
 		}
 		g += run->len;
 	}
+	if (!bad) {
+		size_t coarse = 0;
+
+		for (size_t g = 0; g < p->r.ngran; g += p->edge[g]->len)
+			coarse += p->edge[g]->kind == CVM_RUN_PACK && p->edge[g]->len > 1;
+		if (coarse != p->npack_coarse) {
+			snprintf(buf, n, "%zu coarse PACK runs, the pool counts %zu", coarse, p->npack_coarse);
+			bad = buf;
+		}
+	}
 	if (!bad && (pk = cvm_pack_check(&p->pack)) != 0) {
 		snprintf(buf, n, "cvm_pack_check: %d", pk);
 		bad = buf;
@@ -147,6 +157,74 @@ START_TEST(test_packed_chunk_strands_granules)
 	ck_assert_uint_eq(plain, 64); /* live 64 granules, held 64 */
 	ck_assert_msg(woken <= plain + 2, "after a sleep/wake the same program holds %zu granules (without: %zu)",
 		      woken, plain);
+}
+END_TEST
+
+/*
+ * After a wake, packed memory lies on coarse chunks, which go back only whole; what is freed on them is
+ * placed on again before any new memory. 48 allocations of a granule and a half, two of every three freed:
+ * each hole is half a granule, two empty granules, half a granule. Filled again with allocations of two
+ * granules and of half a granule, the pool maps nothing and holds what it held, every content intact.
+ */
+START_TEST(test_packed_reuse_coarse)
+{
+	struct cuvmm_ctx *ctx = ctx_delay(-1);
+	struct cuvmm_pool *p = pool_new(ctx);
+	enum { N = 48 };
+	void *a[N], *b[N] = {0};
+	size_t g = tc_granularity(ctx), each = g + g / 2, sz[N], held;
+	uint64_t maps;
+
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
+		ck_assert_int_eq(tc_fill(a[i], each / 4, 0x3000u + (uint32_t)i), 0);
+	}
+	ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+	CHECK_RUNS(p);
+	ck_assert_uint_gt(p->npack_coarse, 0);
+	held = tc_ctx_stats(ctx).held_bytes;
+	ck_assert_uint_eq(held, (size_t)N * each);
+	for (int i = 0; i < N; i++)
+		if (i % 3) {
+			ck_assert_int_eq(cuvmm_free(p, a[i]), CUVMM_OK);
+			a[i] = NULL;
+		}
+	CHECK_RUNS(p);
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, held); /* coarse chunks go back only whole */
+	maps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP);
+	for (int j = 0; j < N; j++) {
+		sz[j] = j % 3 ? g / 2 : 2 * g;
+		ck_assert_int_eq(cuvmm_malloc(p, sz[j], &b[j]), CUVMM_OK);
+		ck_assert_int_eq(tc_fill(b[j], sz[j] / 4, 0x7000u + (uint32_t)j), 0);
+	}
+	CHECK_RUNS(p);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP), maps);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, held);
+	for (int i = 0; i < N; i += 3)
+		ck_assert_uint_eq(tc_check(a[i], each / 4, 0x3000u + (uint32_t)i), 0);
+	for (int j = 0; j < N; j++)
+		ck_assert_uint_eq(tc_check(b[j], sz[j] / 4, 0x7000u + (uint32_t)j), 0);
+	/* Full now: three granules in a row exist only in new memory. */
+	{
+		void *c;
+
+		ck_assert_int_eq(cuvmm_malloc(p, 3 * g, &c), CUVMM_OK);
+		ck_assert_uint_gt(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP), maps);
+		ck_assert_int_eq(cuvmm_free(p, c), CUVMM_OK);
+	}
+	for (int i = 0; i < N; i++) {
+		if (a[i])
+			ck_assert_int_eq(cuvmm_free(p, a[i]), CUVMM_OK);
+		ck_assert_int_eq(cuvmm_free(p, b[i]), CUVMM_OK);
+	}
+	CHECK_RUNS(p);
+	ck_assert_uint_eq(p->npack_coarse, 0);
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(p);
+	cuvmm_ctx_destroy(ctx);
 }
 END_TEST
 
@@ -407,6 +485,7 @@ static Suite *packed_sleep_suite(void)
 	tcase_add_checked_fixture(tc, NULL, teardown);
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_packed_chunk_strands_granules);
+	tcase_add_test(tc, test_packed_reuse_coarse);
 	tcase_add_loop_test(tc, test_packed_wake_faults, 0, 4);
 	tcase_add_loop_test(tc, test_packed_sleep_faults, 0, 4);
 	suite_add_tcase(s, tc);

@@ -675,6 +675,62 @@ START_TEST(test_pool_wake_coarsens)
 }
 END_TEST
 
+/*
+ * Packed allocations (above the slab limit, up to 32 granules) lie on back-to-back granules of their own
+ * 2 MiB handles; a wake maps them in handles of up to 32 granules, so the next sleep unmaps fewer, the
+ * contents intact. The PACK runs of each coarse chunk become one: a chunk goes back once no live byte is
+ * left on it, and not before (one live allocation keeps its chunk, not just its granules).
+ */
+START_TEST(test_pool_wake_coarsens_packed)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_pool *p = pool_new(ctx);
+	enum { N = 40 };
+	void *a[N], *more = NULL;
+	size_t g, each;
+	uint64_t unmaps, first_unmaps;
+
+	g = tc_granularity(ctx);
+	each = g + g / 2; /* a granule and a half: packed, two allocations share a granule */
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
+		ck_assert_int_eq(tc_fill(a[i], each / 4, 0x1000u + (uint32_t)i), 0);
+	}
+	ck_assert_uint_eq(pool_st(p).mapped_bytes, (size_t)N * each / g * g); /* 60 granules, no waste */
+	for (int cycle = 0; cycle < 2; cycle++) {
+		unmaps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP);
+		ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+		unmaps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP) - unmaps;
+		if (cycle == 0) {
+			ck_assert_uint_eq(unmaps, (size_t)N * each / g); /* one 2 MiB handle per granule */
+			first_unmaps = unmaps;
+		} else {
+			ck_assert_msg(unmaps * 8 <= first_unmaps, "after a wake, a sleep unmapped %llu handles (first %llu)",
+				      (unsigned long long)unmaps, (unsigned long long)first_unmaps);
+		}
+		ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+		ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+		for (int i = 0; i < N; i++)
+			ck_assert_uint_eq(tc_check(a[i], each / 4, 0x1000u + (uint32_t)i), 0);
+		tc_assert_os_matches(ctx);
+	}
+	/* Packing goes on over the coarse chunks: a new allocation, then everything but one in the middle
+	 * freed. What stays held is that allocation's chunks, at most two of 32 granules. */
+	ck_assert_int_eq(cuvmm_malloc(p, each, &more), CUVMM_OK);
+	ck_assert_int_eq(tc_fill(more, each / 4, 0x77), 0);
+	ck_assert_int_eq(cuvmm_free(p, more), CUVMM_OK);
+	for (int i = 0; i < N; i++)
+		if (i != N / 2)
+			ck_assert_int_eq(cuvmm_free(p, a[i]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	ck_assert_uint_ge(tc_ctx_stats(ctx).held_bytes, 2 * g);
+	ck_assert_uint_le(tc_ctx_stats(ctx).held_bytes, 64 * g);
+	ck_assert_uint_eq(tc_check(a[N / 2], each / 4, 0x1000u + N / 2), 0);
+	ck_assert_int_eq(cuvmm_free(p, a[N / 2]), CUVMM_OK);
+	trim_close(ctx, p);
+}
+END_TEST
+
 /* cuvmm_pool_trim on a sleeping pool: cuvmm.h, "While an object sleeps, calls on it other than wake, stats and
  * destroy fail with CUVMM_ESTATE". */
 START_TEST(test_pool_trim_asleep)
@@ -1244,6 +1300,7 @@ static Suite *sleep_suite(void)
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_loop_test(tc, test_pool_sleep_wake, 0, 2);
 	tcase_add_test(tc, test_pool_wake_coarsens);
+	tcase_add_test(tc, test_pool_wake_coarsens_packed);
 	tcase_add_test(tc, test_pool_trim_asleep);
 	tcase_add_test(tc, test_pool_destroy_asleep);
 	suite_add_tcase(s, tc);
