@@ -764,7 +764,10 @@ CUVMM_API int cuvmm_pool_sleep(struct cuvmm_pool *pool, enum cuvmm_sleep_mode mo
  * OFFLOAD). On failure the pool stays asleep and intact. A pool that sleeps holds long-lived memory such as
  * weights, and the driver's cost of this wake and of every later sleep is per handle, so each allocation of
  * 32 granules (64 MiB on current GPUs) or more comes back on handles as large as fit inside it (powers of
- * two up to 128 MiB) instead of one per granule. Smaller allocations keep one handle per granule.
+ * two up to 128 MiB) instead of one per granule. Packed allocations (above the slab limit, up to 32
+ * granules: most tensors of a model) come back on handles of up to 32 granules across back-to-back
+ * allocations. Such a handle goes back to the driver only once none of its granules holds a live byte;
+ * until then its empty granules are where new packed allocations go first, before any new memory.
  * @param[in] pool the pool
  * @param[in] stream as for cuvmm_region_wake()
  * @return as cuvmm_region_wake()

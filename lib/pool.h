@@ -7,7 +7,8 @@
  *   USED  one large allocation (granule-aligned, ceil(bytes / granularity) granules);
  *   SLAB  one granule cut into equal slots for small allocations of one size class;
  *   PACK  one chunk of the packer's (pack.h): allocations of up to CVM_PACK_MAX_GRANULES granules, byte
- *         ranges that share granules with their neighbours; given back (FREE) once no live byte is on it;
+ *         ranges that share granules with their neighbours; given back (FREE) once no live byte is on it
+ *         (a coarse one, mapped by a wake, keeps its empty granules for the packer until then);
  *   GOING FREE memory the reclaim pass is unmapping right now, without the pool's lock.
  * Runs carry boundary tags (edge[] at their first and last granule) so that neighbours coalesce in O(1);
  * FREE runs sit in size bins (best fit) and, like VA runs, in a segment tree (first fit from an address,
