@@ -213,11 +213,39 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 	}
 }
 
+/* Does [first, end) cover part of a chunk that is still mapped, to be unmapped (PENDING or DONE)? */
+static bool straddles_pending(const struct cuvmm_region *r, size_t first, size_t end)
+{
+	for (size_t g = first; g < end; g++) {
+		const struct cvm_chunk *c = r->slot[g].chunk;
+		size_t span, start;
+
+		if (!c || (r->slot[g].state != CVM_SLOT_PENDING && r->slot[g].state != CVM_SLOT_DONE))
+			continue;
+		span = cvm_span(r, c);
+		start = g & ~(span - 1); /* chunks sit on their own alignment (cvm_fit_cls) */
+		if (start < first || start + span > end)
+			return true;
+	}
+	return false;
+}
+
 int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls)
 {
 	struct cvm_drv_dev *d = &r->dev->drv;
 	size_t end = first + n, g = first, newly = 0, back = 0;
 	int err = CUVMM_OK;
+
+	/* A chunk is taken back whole or not at all. Taken back in part, the rest of it would stay pending
+	 * inside address space its owner (a pool) counts as unmapped, and the pool's next map or release there
+	 * would cut through the chunk (the fuzzer found a pool whose live allocation was unmapped that way,
+	 * once a wake had mapped packed memory in chunks of two granules and the driver refused their unmap).
+	 * Such a chunk is one whose unmap failed: retry it now. */
+	if (r->npending && straddles_pending(r, first, end)) {
+		cvm_region_process_locked(r, cvm_now_ns(), false);
+		if (straddles_pending(r, first, end))
+			return CUVMM_EDRIVER;
+	}
 
 	/* Granules to take back that a failed map left without access: grant it first, so that nothing
 	 * handed out faults; a refusal fails the call before anything changed. */

@@ -96,8 +96,9 @@ int cvm_region_init_peers(struct cuvmm_region *r, struct cuvmm_ctx *ctx, int dev
 void cvm_region_fini(struct cuvmm_region *r);
 
 /* Map granules [first, first+n) that are not mapped (UNMAPPED), using chunks of up to 2^max_cls slots where a
- * chunk aligned to its size fits in an unmapped run; PENDING/DONE granules are taken back as MAPPED. All or
- * nothing. Adds to live the granules that were not MAPPED before when `live` is set. */
+ * chunk aligned to its size fits in an unmapped run; PENDING/DONE granules are taken back as MAPPED, a chunk
+ * of several granules only whole: one that straddles the range (its unmap refused, so it is still mapped) is
+ * unmapped first, and if the driver still refuses, the call fails with CUVMM_EDRIVER. All or nothing. */
 int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
 
 /* Prepare the unmap of work on `stream` (NULL: the caller synchronised the device already, so its fence is

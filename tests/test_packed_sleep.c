@@ -229,6 +229,69 @@ START_TEST(test_packed_reuse_coarse)
 END_TEST
 
 /*
+ * A coarse chunk whose unmap the driver refuses stays mapped, to be unmapped later, inside address space the
+ * pool counts as unmapped. A map over part of it must not take part of it back: the rest would stay pending
+ * under memory the pool hands out, and the next release there cut through the chunk (the fuzzer found a live
+ * allocation unmapped that way). Allocating there fails with CUVMM_EDRIVER while the driver refuses, and
+ * works once it does not; runs and contents stay intact throughout.
+ */
+START_TEST(test_packed_refused_unmap_coarse)
+{
+	struct cuvmm_ctx *ctx = ctx_delay(0);
+	struct cuvmm_pool *p = pool_new(ctx);
+	size_t g = tc_granularity(ctx);
+	void *a[2], *b[3] = {0};
+	int err;
+
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(cuvmm_malloc(p, g, &a[i]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+	ck_assert_uint_eq(p->npack_coarse, 1); /* one chunk of two granules */
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_UNMAP, 0, UINT32_MAX, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(p, a[1]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(p, a[0]), CUVMM_OK); /* the chunk empties; its unmap is refused */
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	CHECK_RUNS(p);
+	for (int i = 0; i < 3; i++) {
+		err = cuvmm_malloc(p, g, &b[i]);
+		ck_assert_msg(err == CUVMM_OK || err == CUVMM_EDRIVER, "malloc: %s", cuvmm_err_name(err));
+		if (!err)
+			ck_assert_int_eq(tc_fill(b[i], g / 4, 0x4400u + (uint32_t)i), 0);
+		CHECK_RUNS(p);
+	}
+	for (int i = 0; i < 3; i++)
+		if (b[i] && i == 1) {
+			ck_assert_int_eq(cuvmm_free(p, b[i]), CUVMM_OK);
+			b[i] = NULL;
+		}
+	CHECK_RUNS(p);
+	for (int i = 0; i < 3; i++)
+		if (b[i])
+			ck_assert_uint_eq(tc_check(b[i], g / 4, 0x4400u + (uint32_t)i), 0);
+	/* The driver unmaps again: the stuck chunk goes, allocations there work. */
+	cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_UNMAP, 0, 0, CUVMM_EDRIVER);
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	for (int i = 0; i < 3; i++) {
+		if (!b[i]) {
+			ck_assert_int_eq(cuvmm_malloc(p, g, &b[i]), CUVMM_OK);
+			ck_assert_int_eq(tc_fill(b[i], g / 4, 0x4400u + (uint32_t)i), 0);
+		}
+	}
+	CHECK_RUNS(p);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_uint_eq(tc_check(b[i], g / 4, 0x4400u + (uint32_t)i), 0);
+		ck_assert_int_eq(cuvmm_free(p, b[i]), CUVMM_OK);
+	}
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	CHECK_RUNS(p);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(p);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
  * Wake with a fault at every MAP / SET_ACCESS / COPY of a pool with packed allocations (coarsened chunks):
  * the failed wake leaves it asleep, the next wake succeeds with contents and runs intact; then free some,
  * allocate, sleep again (OFFLOAD and DISCARD), wake.
@@ -486,6 +549,7 @@ static Suite *packed_sleep_suite(void)
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_packed_chunk_strands_granules);
 	tcase_add_test(tc, test_packed_reuse_coarse);
+	tcase_add_test(tc, test_packed_refused_unmap_coarse);
 	tcase_add_loop_test(tc, test_packed_wake_faults, 0, 4);
 	tcase_add_loop_test(tc, test_packed_sleep_faults, 0, 4);
 	suite_add_tcase(s, tc);
