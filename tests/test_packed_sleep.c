@@ -106,6 +106,33 @@ static const char *runs_bad(struct cuvmm_pool *p, char *buf, size_t n)
 		ck_assert_msg(!w_, "%s", w_);                                                                 \
 	} while (0)
 
+/* n packed allocations of `each` bytes, allocation i filled with tag + i. */
+static void load(struct cuvmm_pool *p, void **a, int n, size_t each, uint32_t tag)
+{
+	for (int i = 0; i < n; i++) {
+		ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
+		ck_assert_int_eq(tc_fill(a[i], each / 4, tag + (uint32_t)i), 0);
+	}
+}
+
+/* One clean OFFLOAD sleep and wake: packed memory comes back on coarse chunks. */
+static void sleep_wake(struct cuvmm_pool *p)
+{
+	ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+	CHECK_RUNS(p);
+}
+
+/* Everything freed: trim, and the pool must hold nothing, its runs intact; then destroy it and its context. */
+static void close_empty(struct cuvmm_ctx *ctx, struct cuvmm_pool *p)
+{
+	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
+	CHECK_RUNS(p);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	cuvmm_pool_destroy(p);
+	cuvmm_ctx_destroy(ctx);
+}
+
 /*
  * A sleep and wake leave packed memory as reusable as before: one tensor in 32 kept, the rest freed and
  * loaded again, held stays at what is live (64 granules), with or without a sleep and wake first. (With the
@@ -175,13 +202,8 @@ START_TEST(test_packed_reuse_coarse)
 	size_t g = tc_granularity(ctx), each = g + g / 2, sz[N], held;
 	uint64_t maps;
 
-	for (int i = 0; i < N; i++) {
-		ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
-		ck_assert_int_eq(tc_fill(a[i], each / 4, 0x3000u + (uint32_t)i), 0);
-	}
-	ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
-	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
-	CHECK_RUNS(p);
+	load(p, a, N, each, 0x3000u);
+	sleep_wake(p);
 	ck_assert_uint_gt(p->npack_coarse, 0);
 	held = tc_ctx_stats(ctx).held_bytes;
 	ck_assert_uint_eq(held, (size_t)N * each);
@@ -221,10 +243,7 @@ START_TEST(test_packed_reuse_coarse)
 	}
 	CHECK_RUNS(p);
 	ck_assert_uint_eq(p->npack_coarse, 0);
-	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
-	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	cuvmm_pool_destroy(p);
-	cuvmm_ctx_destroy(ctx);
+	close_empty(ctx, p);
 }
 END_TEST
 
@@ -243,10 +262,8 @@ START_TEST(test_packed_refused_unmap_coarse)
 	void *a[2], *b[3] = {0};
 	int err;
 
-	for (int i = 0; i < 2; i++)
-		ck_assert_int_eq(cuvmm_malloc(p, g, &a[i]), CUVMM_OK);
-	ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
-	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+	load(p, a, 2, g, 0x4000u);
+	sleep_wake(p);
 	ck_assert_uint_eq(p->npack_coarse, 1); /* one chunk of two granules */
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_UNMAP, 0, UINT32_MAX, CUVMM_EDRIVER), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free(p, a[1]), CUVMM_OK);
@@ -283,11 +300,7 @@ START_TEST(test_packed_refused_unmap_coarse)
 		ck_assert_uint_eq(tc_check(b[i], g / 4, 0x4400u + (uint32_t)i), 0);
 		ck_assert_int_eq(cuvmm_free(p, b[i]), CUVMM_OK);
 	}
-	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
-	CHECK_RUNS(p);
-	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	cuvmm_pool_destroy(p);
-	cuvmm_ctx_destroy(ctx);
+	close_empty(ctx, p);
 }
 END_TEST
 
@@ -309,10 +322,7 @@ START_TEST(test_packed_wake_faults)
 	enum cuvmm_call call = wake_calls[_i % 4];
 	int failed = 0;
 
-	for (int i = 0; i < N; i++) {
-		ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
-		ck_assert_int_eq(tc_fill(a[i], each / 4, 0x5000u + (uint32_t)i), 0);
-	}
+	load(p, a, N, each, 0x5000u);
 	for (int round = 0; round < 3; round++) {
 		enum cuvmm_sleep_mode mode = round == 2 ? CUVMM_SLEEP_DISCARD : CUVMM_SLEEP_OFFLOAD;
 
@@ -356,11 +366,7 @@ START_TEST(test_packed_wake_faults)
 	ck_assert_int_gt(failed, 0);
 	for (int i = 0; i < N; i++)
 		ck_assert_int_eq(cuvmm_free(p, a[i]), CUVMM_OK);
-	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);
-	CHECK_RUNS(p);
-	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	cuvmm_pool_destroy(p);
-	cuvmm_ctx_destroy(ctx);
+	close_empty(ctx, p);
 }
 END_TEST
 
@@ -384,13 +390,8 @@ START_TEST(test_packed_sleep_faults)
 		size_t g = tc_granularity(ctx), each = g + g / 2;
 		int err;
 
-		for (int i = 0; i < N; i++) {
-			ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
-			ck_assert_int_eq(tc_fill(a[i], each / 4, 0x9000u + (uint32_t)i), 0);
-		}
-		/* one clean cycle first */
-		ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
-		ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+		load(p, a, N, each, 0x9000u);
+		sleep_wake(p); /* one clean cycle first */
 		for (int i = 1; i < N; i += 4) {
 			ck_assert_int_eq(cuvmm_free(p, a[i]), CUVMM_OK);
 			a[i] = NULL;
