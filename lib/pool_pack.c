@@ -16,8 +16,6 @@
 
 #include "pool_int.h"
 
-/* May the packer extend over granules [g, g + n): the start of a VA run or of a settled FREE run of small
- * chunks, at least n long? */
 /* Granules [g, g + n) all lie in coarse PACK runs (one chunk of more than one granule) and carry no live
  * byte: mapped and the packer's, to place on without a driver call. */
 static bool coarse_empty(struct cuvmm_pool *p, size_t g, size_t n)
@@ -64,6 +62,8 @@ static bool coarse_find(struct cuvmm_pool *p, size_t n, size_t *g)
 	return false;
 }
 
+/* May the packer extend over granules [g, g + n): the start of a VA run or of a settled FREE run of small
+ * chunks, at least n long, or empty granules of coarse chunks? */
 static bool pack_avail(void *arg, size_t g, size_t n)
 {
 	struct cuvmm_pool *p = arg;
