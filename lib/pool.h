@@ -39,6 +39,7 @@ struct cvm_run {
 	size_t start, len;           /* granules */
 	uint8_t kind;
 	uint8_t bin;                 /* FREE: the bin it is in */
+	bool unsynced;               /* PACK: bytes on it were freed without a stream since it was last FREE */
 	size_t bytes;                /* USED: bytes handed out */
 	uint64_t freed_ns;           /* FREE: when it was last freed */
 	/* FREE: the fence of the free (fence.h): an event on the stream it was freed on until it has completed

@@ -80,18 +80,23 @@ static bool pack_avail(void *arg, size_t g, size_t n)
 	return run->kind == CVM_RUN_FREE && !run->fence.ev && cvm_cut_len(p, run, n) == n;
 }
 
+/* The run holding granule g (which may start before it: a chunk of several granules). */
+static struct cvm_run *run_at(struct cuvmm_pool *p, size_t g)
+{
+	while (!p->edge[g] || (p->edge[g]->start != g && p->edge[g]->start + p->edge[g]->len - 1 != g))
+		g--;
+	return p->edge[g];
+}
+
 /* Give the wholly empty PACK runs of granules [g0, g0 + n) back as one FREE run, freed at `freed_ns`, fenced
  * by the device epoch, or settled (`settled`: a stream free whose event has completed). */
 static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settled, uint64_t freed_ns)
 {
 	struct cvm_run *run = NULL, *next;
-	size_t g = g0;
+	size_t g;
+	bool unsynced = !settled;
 
-	/* The run holding g0 may start before it (a chunk of several granules). */
-	while (!p->edge[g] || (p->edge[g]->start != g && p->edge[g]->start + p->edge[g]->len - 1 != g))
-		g--;
-	g = p->edge[g]->start;
-	for (; g < g0 + n; g = next->start + next->len) {
+	for (g = run_at(p, g0)->start; g < g0 + n; g = next->start + next->len) {
 		bool empty = true;
 
 		next = p->edge[g];
@@ -100,6 +105,8 @@ static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settl
 		if (!empty)
 			continue; /* a chunk still partly live */
 		p->npack_coarse -= next->len > 1;
+		unsynced |= next->unsynced;
+		next->unsynced = false;
 		if (!run) {
 			run = next;
 			continue;
@@ -113,12 +120,14 @@ static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settl
 	}
 	if (!run)
 		return;
-	/* As cvm_run_release, but a stream free whose event has completed needs no device synchronisation. */
+	/* As cvm_run_release, but a stream free whose event has completed needs no device synchronisation,
+	 * unless bytes freed without a stream lay on these chunks too (`unsynced`: the work queued before that
+	 * free may still use them, and the device epoch now covers it). */
 	cvm_fp_add(p, run->len, false);
 	run->kind = CVM_RUN_FREE;
 	run->freed_ns = freed_ns;
 	cvm_fence_clear(&p->r.dev->fence, &run->fence);
-	if (!settled)
+	if (unsynced)
 		cvm_fence_set_epoch(&p->r.dev->fence, &run->fence);
 	cvm_free_link(p, run);
 	cvm_coalesce(p, run);
@@ -193,6 +202,15 @@ static void pack_release(struct cuvmm_pool *p, struct cvm_pack_alloc *x, bool se
 {
 	uint64_t freed_ns = x->pending ? x->freed_ns : cvm_now_ns();
 	size_t g0, n;
+
+	if (!settled) {
+		/* Freed without a stream: the chunks it lay on go back behind a device synchronisation, even if
+		 * another allocation on them is freed last, on a stream (pack_give_back). */
+		size_t last = (x->off + x->len - 1) >> p->r.gshift;
+
+		for (size_t g = run_at(p, x->off >> p->r.gshift)->start; g <= last; g += p->edge[g]->len)
+			p->edge[g]->unsynced = true;
+	}
 
 	cvm_pack_remove(&p->pack, x, &g0, &n);
 	free(x);

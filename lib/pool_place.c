@@ -146,29 +146,54 @@ static unsigned fresh_cls(size_t k)
 	return k < CVM_POOL_BIG ? 0 : cvm_large_cls(k);
 }
 
+/*
+ * The lowest VA run with room for k granules aligned to `align`, and where in it they start: the pool's
+ * memory stays packed at the start of its range, and new memory lands where the sweep (next_fit) reaches it
+ * next. Where a chunk the driver refused to unmap is still there (it is taken back only whole), the start
+ * moves past it, so that one stuck chunk does not fail every allocation that lands on it.
+ */
+static struct cvm_run *find_va(struct cuvmm_pool *p, size_t k, size_t align, size_t *start)
+{
+	size_t from = 0, i, s, end;
+
+	for (int tries = 0; tries < 64; tries++) {
+		i = cvm_seg_first(&p->vseg, from, (uint32_t)(k + align - 1));
+		if (i == CVM_SEG_NONE)
+			return NULL;
+		end = p->edge[i]->start + p->edge[i]->len;
+		for (s = (i + align - 1) & ~(align - 1); s + k <= end;) {
+			size_t past = p->r.npending ? cvm_region_straddle_locked(&p->r, s, k) : 0;
+
+			if (!past) {
+				*start = s;
+				return p->edge[i];
+			}
+			s = (past + align - 1) & ~(align - 1);
+		}
+		from = end;
+	}
+	return NULL;
+}
+
 /* Map k granules of fresh address space, aligned so that its large chunks sit on their own alignment;
  * returns the new run (edges set, in no index). */
 static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 {
 	unsigned cls = fresh_cls(k);
-	size_t align = (size_t)1 << cls, lead;
-	size_t i = cvm_seg_first(&p->vseg, 0, (uint32_t)(k + align - 1));
-	struct cvm_run *va, *run, *front;
+	size_t align = (size_t)1 << cls, lead, s;
+	struct cvm_run *va = find_va(p, k, align, &s), *run, *front;
 	int err;
 
-	/* The lowest free address space: the pool's memory stays packed at the start of its range, and new
-	 * memory lands where the sweep (next_fit) reaches it next. */
-	if (i == CVM_SEG_NONE) {
+	if (!va) {
 		cls = 0;
 		align = 1;
-		i = cvm_seg_first(&p->vseg, 0, (uint32_t)k);
-		if (i == CVM_SEG_NONE)
+		va = find_va(p, k, 1, &s);
+		if (!va)
 			return CUVMM_ENOSPC;
 	}
-	va = p->edge[i];
 	cvm_bin_remove(p, va);
-	/* Alignment for the run's large chunks stays VA. */
-	lead = ((va->start + align - 1) & ~(align - 1)) - va->start;
+	/* Alignment (and a stuck chunk skipped) stays VA. */
+	lead = s - va->start;
 	if (lead) {
 		/* The unaligned head stays VA. */
 		front = cvm_split_front(p, va, lead);

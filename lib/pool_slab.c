@@ -92,7 +92,9 @@ static int slab_new(struct cuvmm_pool *p, unsigned cls, struct cvm_slab **out)
 	s->run = run;
 	run->kind = CVM_RUN_SLAB;
 	run->slab = s;
-	cvm_fp_add(p, 1, true);
+	/* (A run of two granules where its granule is half of a chunk that a FREE run of large chunks could not
+	 * be cut inside: the footprint counts what goes back when the slab is released.) */
+	cvm_fp_add(p, run->len, true);
 	partial_insert(p, s);
 	*out = s;
 	return CUVMM_OK;

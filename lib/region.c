@@ -213,10 +213,9 @@ static void undo_new(struct cuvmm_region *r, size_t first, size_t end)
 	}
 }
 
-/* Does [first, end) cover part of a chunk that is still mapped, to be unmapped (PENDING or DONE)? */
-static bool straddles_pending(const struct cuvmm_region *r, size_t first, size_t end)
+size_t cvm_region_straddle_locked(const struct cuvmm_region *r, size_t first, size_t n)
 {
-	for (size_t g = first; g < end; g++) {
+	for (size_t g = first; g < first + n; g++) {
 		const struct cvm_chunk *c = r->slot[g].chunk;
 		size_t span, start;
 
@@ -224,10 +223,10 @@ static bool straddles_pending(const struct cuvmm_region *r, size_t first, size_t
 			continue;
 		span = cvm_span(r, c);
 		start = g & ~(span - 1); /* chunks sit on their own alignment (cvm_fit_cls) */
-		if (start < first || start + span > end)
-			return true;
+		if (start < first || start + span > first + n)
+			return start + span;
 	}
-	return false;
+	return 0;
 }
 
 int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls)
@@ -241,9 +240,9 @@ int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsign
 	 * would cut through the chunk (the fuzzer found a pool whose live allocation was unmapped that way,
 	 * once a wake had mapped packed memory in chunks of two granules and the driver refused their unmap).
 	 * Such a chunk is one whose unmap failed: retry it now. */
-	if (r->npending && straddles_pending(r, first, end)) {
+	if (r->npending && cvm_region_straddle_locked(r, first, n)) {
 		cvm_region_process_locked(r, cvm_now_ns(), false);
-		if (straddles_pending(r, first, end))
+		if (cvm_region_straddle_locked(r, first, n))
 			return CUVMM_EDRIVER;
 	}
 

@@ -100,6 +100,9 @@ void cvm_region_fini(struct cuvmm_region *r);
  * of several granules only whole: one that straddles the range (its unmap refused, so it is still mapped) is
  * unmapped first, and if the driver still refuses, the call fails with CUVMM_EDRIVER. All or nothing. */
 int cvm_region_map_locked(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
+/* Granules [first, first+n) cover part of a chunk of several granules still mapped to be unmapped (PENDING or
+ * DONE), which cvm_region_map_locked would refuse: the end of the first such chunk, else 0. */
+size_t cvm_region_straddle_locked(const struct cuvmm_region *r, size_t first, size_t n);
 
 /* Prepare the unmap of work on `stream` (NULL: the caller synchronised the device already, so its fence is
  * complete). Recording fails cleanly: nothing changes. */
