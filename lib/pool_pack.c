@@ -88,6 +88,16 @@ static struct cvm_run *run_at(struct cuvmm_pool *p, size_t g)
 	return p->edge[g];
 }
 
+/* Merge `next`, the PACK run right after `run`, into `run` (neither in an index: PACK runs are in none). */
+static void absorb(struct cuvmm_pool *p, struct cvm_run *run, struct cvm_run *next)
+{
+	cvm_edges_clear(p, run);
+	cvm_edges_clear(p, next);
+	run->len += next->len;
+	cvm_edges_set(p, run);
+	free(next);
+}
+
 /* Give the wholly empty PACK runs of granules [g0, g0 + n) back as one FREE run, freed at `freed_ns`, fenced
  * by the device epoch, or settled (`settled`: a stream free whose event has completed). */
 static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settled, uint64_t freed_ns)
@@ -111,11 +121,7 @@ static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settl
 			run = next;
 			continue;
 		}
-		cvm_edges_clear(p, run);
-		cvm_edges_clear(p, next);
-		run->len += next->len;
-		cvm_edges_set(p, run);
-		free(next);
+		absorb(p, run, next);
 		next = run;
 	}
 	if (!run)
@@ -241,7 +247,7 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	struct cvm_pack_alloc *x;
 	struct cvm_pack_plan plan;
 	struct cvm_run *run;
-	size_t len = cvm_pack_len(bytes);
+	size_t len = cvm_pack_len(bytes), own = (len + p->r.gran - 1) >> p->r.gshift; /* granules of its own */
 	int err = CUVMM_OK;
 
 	/* Stream-ordered reuse: an allocation of this length freed on this very stream is ready for it now
@@ -258,22 +264,22 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	x->len = len;
 	x->bytes = bytes;
 	cvm_pack_plan(&p->pack, x->len, pack_avail, p, &plan);
-	if ((plan.anywhere || (plan.ng && !coarse_empty(p, plan.g0, plan.ng))) && p->npack_coarse) {
+	if (p->npack_coarse && (plan.anywhere || (plan.ng && !coarse_empty(p, plan.g0, plan.ng)))) {
 		/* New granules wanted: the empty granules of coarse chunks first (they are held anyway). */
-		size_t need = (x->len + p->r.gran - 1) >> p->r.gshift, g;
+		size_t g;
 
-		if (coarse_find(p, need, &g)) {
+		if (coarse_find(p, own, &g)) {
 			plan.anywhere = false;
 			plan.off = cvm_gbytes(p, g);
 			plan.g0 = g;
-			plan.ng = need;
+			plan.ng = own;
 		}
 	}
 	if (!plan.anywhere && plan.ng && pack_take(p, plan.g0, plan.ng)) {
 		/* The bump failed (no memory, or a refused map): the way every allocation goes, on granules
 		 * of its own (the bump's ng counted only those past the cursor's last one). */
 		plan.anywhere = true;
-		plan.ng = (x->len + p->r.gran - 1) >> p->r.gshift;
+		plan.ng = own;
 	}
 	if (plan.anywhere) {
 		/* Not a stream's: other allocations will share its granules. */
@@ -326,7 +332,7 @@ void cvm_pool_pack_woken(struct cuvmm_pool *p)
 {
 	p->npack_coarse = 0;
 	for (size_t g = 0; g < p->r.ngran; g += p->edge[g]->len) {
-		struct cvm_run *run = p->edge[g], *next;
+		struct cvm_run *run = p->edge[g];
 		size_t end;
 
 		if (run->kind != CVM_RUN_PACK)
@@ -334,14 +340,8 @@ void cvm_pool_pack_woken(struct cuvmm_pool *p)
 		/* The sleep coarsened back-to-back PACK runs only: whatever follows a PACK run inside its chunk
 		 * is PACK. */
 		end = cvm_region_chunk_end_locked(&p->r, run->start);
-		while (run->start + run->len < end) {
-			next = p->edge[run->start + run->len];
-			cvm_edges_clear(p, run);
-			cvm_edges_clear(p, next);
-			run->len += next->len;
-			cvm_edges_set(p, run);
-			free(next);
-		}
+		while (run->start + run->len < end)
+			absorb(p, run, p->edge[run->start + run->len]);
 		p->npack_coarse += run->len > 1;
 	}
 }
