@@ -219,6 +219,18 @@ struct cuvmm_stats tc_region_stats(struct cuvmm_region *r)
 	return st;
 }
 
+struct cuvmm_stats tc_pool_stats(struct cuvmm_pool *p)
+{
+	struct cuvmm_stats st;
+	int err;
+
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	err = cuvmm_pool_stats(p, &st);
+	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_stats: %s", cuvmm_err_name(err));
+	return st;
+}
+
 /*
  * The background thread may be releasing a chunk right now (the fd is closed before held_bytes drops), so a
  * mismatch is looked at again for a while: only one that persists is a failure.

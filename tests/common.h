@@ -53,6 +53,7 @@ int64_t tc_memfd_bytes(void);
 size_t tc_granularity(struct cuvmm_ctx *ctx);
 struct cuvmm_stats tc_ctx_stats(struct cuvmm_ctx *ctx);
 struct cuvmm_stats tc_region_stats(struct cuvmm_region *r);
+struct cuvmm_stats tc_pool_stats(struct cuvmm_pool *p);
 /* On the host backend, assert that the memfds hold exactly the device's held_bytes. */
 void tc_assert_os_matches(struct cuvmm_ctx *ctx);
 

@@ -44,16 +44,6 @@ static struct cuvmm_pool *pool_new(struct cuvmm_ctx *ctx)
 	return p;
 }
 
-static struct cuvmm_stats pst(struct cuvmm_pool *p)
-{
-	struct cuvmm_stats st;
-
-	memset(&st, 0, sizeof(st));
-	st.size = sizeof(st);
-	ck_assert_int_eq(cuvmm_pool_stats(p, &st), CUVMM_OK);
-	return st;
-}
-
 /* The run layer's invariants: tags, chunk boundaries at every run boundary, PACK runs whose chunks are theirs,
  * the packer's own check. Returns a description of the first violation, or NULL. */
 static const char *runs_bad(struct cuvmm_pool *p, char *buf, size_t n)
@@ -177,7 +167,7 @@ static size_t strand_held(bool sleep_wake)
 	CHECK_RUNS(p);
 	held = tc_ctx_stats(ctx).held_bytes / g;
 	fprintf(stderr, "strand (%s): live %zu granules, held %zu granules after trim\n",
-		sleep_wake ? "after sleep/wake" : "no sleep", (size_t)(pst(p).live_bytes / g), held);
+		sleep_wake ? "after sleep/wake" : "no sleep", (size_t)(tc_pool_stats(p).live_bytes / g), held);
 	for (int i = 0; i < N; i++)
 		ck_assert_int_eq(cuvmm_free(p, i % 32 ? b[i] : a[i]), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_pool_trim(p, 0), CUVMM_OK);

@@ -74,18 +74,6 @@ static CUstream new_stream(int i)
 	return s;
 }
 
-static struct cuvmm_stats pool_st(struct cuvmm_pool *pool)
-{
-	struct cuvmm_stats st;
-	int err;
-
-	memset(&st, 0, sizeof(st));
-	st.size = sizeof(st);
-	err = cuvmm_pool_stats(pool, &st);
-	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_stats: %s", cuvmm_err_name(err));
-	return st;
-}
-
 static int64_t memfd_bytes(void)
 {
 	int64_t v = tc_memfd_bytes();
@@ -100,7 +88,7 @@ static uint64_t wait_pool_mapped_le(struct cuvmm_pool *pool, uint64_t bytes, int
 	uint64_t end = tc_now_ms() + (uint64_t)timeout_ms, mapped;
 
 	for (;;) {
-		mapped = pool_st(pool).mapped_bytes;
+		mapped = tc_pool_stats(pool).mapped_bytes;
 		if (mapped <= bytes || tc_now_ms() >= end)
 			return mapped;
 		tc_sleep_ms(5);
@@ -117,7 +105,7 @@ static void trim_ok(struct cuvmm_pool *pool, size_t keep)
 /* A test's end with everything freed: nothing live, and a trim gives all of it back to the driver. */
 static void close_empty(struct cuvmm_ctx *ctx, struct cuvmm_pool *pool)
 {
-	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).live_bytes, 0);
 	trim_ok(pool, 0);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
 	cuvmm_pool_destroy(pool);
@@ -354,7 +342,7 @@ static void m_bounds(struct model *m, uint64_t *lo, uint64_t *hi)
 
 static void m_check(struct model *m, bool os)
 {
-	struct cuvmm_stats ps = pool_st(m->pool), cs = tc_ctx_stats(m->ctx);
+	struct cuvmm_stats ps = tc_pool_stats(m->pool), cs = tc_ctx_stats(m->ctx);
 	uint64_t lo, hi;
 
 	ck_assert_msg(ps.live_bytes == m->live, "%s pool live %" PRIu64 ", model %" PRIu64, where(m), ps.live_bytes,
@@ -521,13 +509,13 @@ static void m_free(struct model *m)
 	m->nasync += how != 0;
 	if (m_rand(m, 16) == 0) {
 		/* A double free is refused and changes nothing. */
-		struct cuvmm_stats before = pool_st(m->pool), after;
+		struct cuvmm_stats before = tc_pool_stats(m->pool), after;
 
 		m->op = "double free";
 		err = m_rand(m, 2) ? cuvmm_free(m->pool, (void *)a.p) : cuvmm_free_async(m->pool, (void *)a.p, m->s[0]);
 		ck_assert_msg(err == CUVMM_EINVAL, "%s double free of %#" PRIxPTR ": %s", where(m), a.p,
 			      cuvmm_err_name(err));
-		after = pool_st(m->pool);
+		after = tc_pool_stats(m->pool);
 		ck_assert_msg(after.live_bytes == before.live_bytes, "%s double free changed live", where(m));
 		m->ndouble++;
 	}
@@ -537,11 +525,11 @@ static void m_trim(struct model *m)
 {
 	uint64_t r = m_rand(m, 100), lo, hi;
 	size_t keep = r < 50 ? 0 : r < 65 ? SIZE_MAX : (size_t)m_rand(m, 64 * TC_MiB);
-	struct cuvmm_stats before = pool_st(m->pool), after, cs;
+	struct cuvmm_stats before = tc_pool_stats(m->pool), after, cs;
 
 	m->op = "trim";
 	trim_ok(m->pool, keep);
-	after = pool_st(m->pool);
+	after = tc_pool_stats(m->pool);
 	cs = tc_ctx_stats(m->ctx);
 	m->ntrim++;
 	if (keep == SIZE_MAX) {
@@ -641,7 +629,7 @@ static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool
 	m.gran = tc_granularity(m.ctx);
 	m.small_max = small_max_of(m.gran);
 	m.pool = new_pool(m.ctx, 0);
-	m.reserved = pool_st(m.pool).reserved_bytes;
+	m.reserved = tc_pool_stats(m.pool).reserved_bytes;
 	m.phases = phases && tc_on_host() && delay_ms != 0;
 	m.s[0] = new_stream(0);
 	m.s[1] = new_stream(1);
@@ -661,7 +649,7 @@ static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool
 		m.n--;
 	}
 	m_check(&m, true);
-	ps = pool_st(m.pool);
+	ps = tc_pool_stats(m.pool);
 	cs = tc_ctx_stats(m.ctx);
 	printf("model %s: %" PRIu64 " ops in %" PRIu64 " ms: %lu malloc, %lu free (%lu on streams), %lu trim, "
 	       "%lu double frees, %lu gate phases with %lu same-stream reuses; peak live %" PRIu64 " MiB, "
@@ -669,7 +657,7 @@ static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool
 	       name, ops, tc_now_ms() - t0, m.nmalloc, m.nfree, m.nasync, m.ntrim, m.ndouble, m.nphase, m.nsame,
 	       ps.peak_live_bytes >> 20, ps.peak_held_bytes >> 20, cs.peak_held_bytes >> 20);
 	trim_ok(m.pool, 0);
-	ps = pool_st(m.pool);
+	ps = tc_pool_stats(m.pool);
 	cs = tc_ctx_stats(m.ctx);
 	ck_assert_uint_eq(ps.live_bytes, 0);
 	ck_assert_uint_eq(ps.mapped_bytes, 0);
@@ -720,7 +708,7 @@ static struct snap snap_of(struct cuvmm_ctx *ctx, struct cuvmm_pool *pool)
 {
 	struct snap s;
 
-	s.p = pool_st(pool);
+	s.p = tc_pool_stats(pool);
 	s.d = tc_ctx_stats(ctx);
 	s.fd = tc_on_host() ? memfd_bytes() : 0;
 	return s;
@@ -925,11 +913,11 @@ START_TEST(test_fault_enomem_gives_slack_back)
 
 	ck_assert_int_eq(cuvmm_malloc(pool, 3 * g, &x), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 3 * g); /* kept for reuse */
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 3 * g); /* kept for reuse */
 	inject(ctx, CUVMM_CALL_CREATE, 0, 1, CUVMM_ENOMEM);
 	ck_assert_int_eq(cuvmm_malloc(pool, 5 * g, &y), CUVMM_OK); /* does not fit the free run: fresh memory */
 	ck_assert_uint_ge(cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE), 1 + 1 + 1); /* x, the failure, y */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 5 * g); /* the slack went back to make room */
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 5 * g); /* the slack went back to make room */
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 5 * g);
 	tc_assert_os_matches(ctx);
 	ck_assert_int_eq(pat_fill(y, 5 * g, 7), 0);
@@ -1066,7 +1054,7 @@ START_TEST(test_fault_device_sync)
 	inject(ctx, CUVMM_CALL_DEVICE_SYNC, 0, 0, CUVMM_EDRIVER);
 	others_check(&o, "trim with DEVICE_SYNC failing");
 	trim_ok(pool, 0);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, before.p.mapped_bytes - 3 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, before.p.mapped_bytes - 3 * g);
 	tc_assert_os_matches(ctx);
 	usable(pool, 3 * g, "after DEVICE_SYNC failed");
 	others_free(pool, &o);
@@ -1093,7 +1081,7 @@ START_TEST(test_fault_device_sync)
 	ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK); /* the slab stays (a is live); schedules a pass */
 	tc_sleep_ms(60);
 	ck_assert_int_eq(cuvmm_malloc(pool, 1000, &b), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, g); /* a later pass did it */
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, g); /* a later pass did it */
 	ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free(pool, a), CUVMM_OK);
 	cuvmm_pool_destroy(pool);
@@ -1145,7 +1133,7 @@ START_TEST(test_fault_unmap)
 	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
 	ck_assert_uint_eq(tc_wait_held_le(ctx, 0, 5000), 0);
 	ck_assert_uint_ge(cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP), 2); /* the failure and the retry */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
 	tc_assert_os_matches(ctx);
 	cuvmm_pool_destroy(pool);
 	cuvmm_ctx_destroy(ctx);
@@ -1233,13 +1221,13 @@ START_TEST(test_bad_input)
 	ck_assert_uint_eq(tc_ctx_stats(ctx).reserved_bytes, 0);
 	/* Defaults, and a long name (copied, cut). */
 	ck_assert_int_eq(cuvmm_pool_create(ctx, NULL, &out), CUVMM_OK);
-	ck_assert_uint_ge(pool_st(out).reserved_bytes, 1u << 30);
+	ck_assert_uint_ge(tc_pool_stats(out).reserved_bytes, 1u << 30);
 	cuvmm_pool_destroy(out);
 	cuvmm_pool_config_init(&pc);
 	pc.name = "a name much longer than the thirty-one bytes a pool keeps of it";
 	pc.max_bytes = 8 * g;
 	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &pool), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(pool).reserved_bytes, 8 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).reserved_bytes, 8 * g);
 	other = new_pool(ctx, 8 * g);
 
 	/* malloc: NULL, zero, too large; *ptr untouched. */
@@ -1253,7 +1241,7 @@ START_TEST(test_bad_input)
 	ck_assert_int_eq(cuvmm_malloc_async(pool, 8 * g + 1, s, &p), CUVMM_ENOSPC);
 	ck_assert_int_eq(cuvmm_malloc(pool, SIZE_MAX, &p), CUVMM_ENOSPC);
 	ck_assert_ptr_eq(p, SENTINEL);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
 	/* The whole address space, then nothing more fits. */
 	ck_assert_int_eq(cuvmm_malloc(pool, 8 * g, &big), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_malloc(pool, 1, &p), CUVMM_ENOSPC);
@@ -1385,9 +1373,9 @@ START_TEST(test_release_background)
 	/* Only statistics from here on: the background thread does it all. */
 	held = tc_wait_held_le(ctx, 0, 5000);
 	ck_assert_msg(held == 0, "still %llu bytes held 5 s after everything was freed", U(held));
-	ck_assert_uint_eq(pool_st(pool).held_bytes, 0);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
-	ck_assert_uint_eq(pool_st(pool).live_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).held_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).live_bytes, 0);
 	if (tc_on_host())
 		ck_assert_int_eq(memfd_bytes(), 0);
 	cuvmm_pool_destroy(pool);
@@ -1408,16 +1396,16 @@ START_TEST(test_release_on_later_call)
 	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &b), CUVMM_OK); /* one chunk */
 	ck_assert_int_eq(pat_fill(b, 4 * g, 5), 0);
 	ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 5 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 5 * g);
 	tc_sleep_ms(200);
 	/* Nobody called: nothing happened. */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 5 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 5 * g);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 5 * g);
 	tc_assert_os_matches(ctx);
 	/* A call that needs no memory (a slot of a's slab) runs the due pass: b's memory is unmapped (its chunk
 	 * goes to the device's cache, released in the same pass or a later one). */
 	ck_assert_int_eq(cuvmm_malloc(pool, 256, &c), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, g);
 	tc_assert_os_matches(ctx);
 	ck_assert_int_eq(cuvmm_free(pool, c), CUVMM_OK);
 	tc_sleep_ms(200);
@@ -1458,7 +1446,7 @@ START_TEST(test_release_never)
 	}
 	trim_ok(pool, 0);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
 	tc_assert_os_matches(ctx);
 	cuvmm_pool_destroy(pool);
 	cuvmm_ctx_destroy(ctx);
@@ -1486,7 +1474,7 @@ START_TEST(test_release_retain)
 	ck_assert_msg(held == 2 * g, "held %llu, retain_bytes %zu", U(held), 2 * g);
 	tc_sleep_ms(200);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 2 * g); /* kept */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
 	tc_assert_os_matches(ctx);
 	trim_ok(pool, 0);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
@@ -1512,10 +1500,10 @@ START_TEST(test_trim_keep)
 	}
 	for (int i = 0; i < 12; i += 2)
 		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK); /* six free runs of one granule (under the cap) */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 12 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 12 * g);
 
 	trim_ok(pool, 3 * g);
-	ps = pool_st(pool);
+	ps = tc_pool_stats(pool);
 	cs = tc_ctx_stats(ctx);
 	ck_assert_uint_eq(ps.mapped_bytes, 9 * g);
 	ck_assert_uint_eq(cs.held_bytes - cs.mapped_bytes, 0); /* the pool kept all of keep mapped */
@@ -1524,13 +1512,13 @@ START_TEST(test_trim_keep)
 	tc_assert_os_matches(ctx);
 
 	trim_ok(pool, 2 * g + g / 2); /* not a multiple: whole runs stay, at least keep */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 9 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 9 * g);
 	trim_ok(pool, g);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 7 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 7 * g);
 	trim_ok(pool, SIZE_MAX);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 7 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 7 * g);
 	trim_ok(pool, 0);
-	ps = pool_st(pool);
+	ps = tc_pool_stats(pool);
 	cs = tc_ctx_stats(ctx);
 	ck_assert_uint_eq(ps.mapped_bytes, 6 * g);
 	ck_assert_uint_eq(cs.held_bytes, 6 * g);
@@ -1622,7 +1610,7 @@ START_TEST(test_idle_bound)
 	tc_sleep_ms(200); /* whatever else was due has happened */
 	held = tc_ctx_stats(ctx).held_bytes;
 	ck_assert_uint_le(held, impl);
-	ck_assert_uint_eq(held, pool_st(pool).mapped_bytes); /* nothing cached any more */
+	ck_assert_uint_eq(held, tc_pool_stats(pool).mapped_bytes); /* nothing cached any more */
 	tc_assert_os_matches(ctx);
 	printf("idle bound: %zu live allocations, live %llu KiB, held %llu KiB; live + one granule each = %llu KiB "
 	       "(%s), with the cut rule %llu KiB\n", set.n, U(live >> 10), U(held >> 10), U(issue >> 10),
@@ -1658,7 +1646,7 @@ START_TEST(test_idle_bound_cut_extension)
 	printf("cut extension: a %zu-granule allocation (%zu bytes) idle holds %llu granules; live + one granule = "
 	       "%zu bytes\n", round_up(yb, g) / g, yb, U(held / g), yb + g);
 	ck_assert_uint_le(held, max_granules(round_up(yb, g) / g) * g);
-	ck_assert_uint_eq(pool_st(pool).live_bytes, yb);
+	ck_assert_uint_eq(tc_pool_stats(pool).live_bytes, yb);
 	tc_assert_os_matches(ctx);
 	ck_assert_int_eq(cuvmm_free(pool, y), CUVMM_OK);
 	ck_assert_uint_eq(tc_wait_held_le(ctx, 0, 5000), 0);
@@ -1704,7 +1692,7 @@ static void slack_run(bool paced, int64_t delay_ms, double *pool_ratio, double *
 		if (paced)
 			tc_sleep_ms(2);
 	}
-	ps = pool_st(pool);
+	ps = tc_pool_stats(pool);
 	cs = tc_ctx_stats(ctx);
 	*pool_ratio = (double)ps.peak_held_bytes / (double)ps.peak_live_bytes;
 	*dev_ratio = (double)cs.peak_held_bytes / (double)cs.peak_live_bytes;
@@ -1886,12 +1874,12 @@ START_TEST(test_stream_reuse_large)
 				      "allocation %d got memory freed on another stream whose work has not completed", i);
 	}
 	/* t and u are packed: u goes into the tail of t's second granule */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 2 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 4 * size + 2 * g);
 	cvm_host_gate_open();
 	/* Completed: anyone may have it. */
 	ck_assert_int_eq(cuvmm_malloc(pool, size, &r), CUVMM_OK);
 	ck_assert_ptr_eq(r, x);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * size + 2 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 4 * size + 2 * g);
 	{
 		void *const all[] = {z, w, v, t, u, r};
 
@@ -2042,11 +2030,11 @@ START_TEST(test_stream_reuse_packed)
 	ck_assert_int_eq(pat_fill(nb, size, 7), 0);
 	cvm_host_gate_close();
 	ck_assert_int_eq(cuvmm_free_async(pool, x, s1), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(pool).live_bytes, size);
+	ck_assert_uint_eq(tc_pool_stats(pool).live_bytes, size);
 	/* On the freeing stream: at once, the same length (1000 and 900 bytes past 2 granules are both 1024). */
 	ck_assert_int_eq(cuvmm_malloc_async(pool, size - 100, s1, &y), CUVMM_OK);
 	ck_assert_ptr_eq(y, x);
-	ck_assert_uint_eq(pool_st(pool).live_bytes, 2 * size - 100);
+	ck_assert_uint_eq(tc_pool_stats(pool).live_bytes, 2 * size - 100);
 	ck_assert_int_eq(cuvmm_free_async(pool, y, s1), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_malloc_async(pool, size, s1, &y2), CUVMM_OK);
 	ck_assert_ptr_eq(y2, x);
@@ -2278,7 +2266,7 @@ START_TEST(test_threads)
 	printf("threads: seed %llu, %lu+%lu+%lu+%lu mallocs, %lu stream frees, %lu trims in %llu ms\n", U(seed),
 	       w[0].nmalloc, w[1].nmalloc, w[2].nmalloc, w[3].nmalloc,
 	       w[0].nasync + w[1].nasync + w[2].nasync + w[3].nasync, t.ntrim, U(tc_now_ms() - t0));
-	ps = pool_st(pool);
+	ps = tc_pool_stats(pool);
 	cs = tc_ctx_stats(ctx);
 	ck_assert_uint_eq(ps.live_bytes, 0);
 	ck_assert_uint_eq(cs.live_bytes, 0);
@@ -2287,7 +2275,7 @@ START_TEST(test_threads)
 	/* A background pass may still be unmapping runs, or releasing chunks, it took before the trim. */
 	ck_assert_uint_eq(wait_pool_mapped_le(pool, 0, 5000), 0);
 	ck_assert_uint_eq(tc_wait_held_le(ctx, 0, 5000), 0);
-	ps = pool_st(pool);
+	ps = tc_pool_stats(pool);
 	ck_assert_uint_eq(ps.held_bytes, 0);
 	cs = tc_ctx_stats(ctx);
 	ck_assert_uint_eq(cs.mapped_bytes, 0);
@@ -2359,7 +2347,7 @@ START_TEST(test_gpu_stream_reuse)
 		ck_assert_int_eq(tg_stream_sync(b), 0);
 	}
 	trim_ok(pool, 0);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
 	cuvmm_pool_destroy(pool);
 	tc_stream_destroy(a);
 	tc_stream_destroy(b);
@@ -2446,7 +2434,7 @@ START_TEST(test_gpu_free_while_running)
 		ck_assert_msg(!t.err[0], "%s", t.err);
 		ck_assert_int_eq(tg_ctx_sync(), 0);
 		trim_ok(pool, 0);
-		ck_assert_uint_eq(pool_st(pool).mapped_bytes, 0);
+		ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
 		cuvmm_pool_destroy(pool);
 		tc_stream_destroy(a);
 		cuvmm_ctx_destroy(ctx);
@@ -2528,8 +2516,8 @@ START_TEST(test_next_fit)
 	ck_assert_int_eq(cuvmm_malloc(pool, 4 * g, &z), CUVMM_OK);
 	ck_assert_ptr_eq(z, c);
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP), maps);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 20 * g);
-	ck_assert_uint_eq(pool_st(pool).live_bytes, 20 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 20 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).live_bytes, 20 * g);
 	for (int i = 0; i < 4; i++)
 		ck_assert_int_eq(cuvmm_free(pool, (void *[]){b, d, x, y}[i]), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free(pool, z), CUVMM_OK);
@@ -2582,7 +2570,7 @@ START_TEST(test_compose)
 	ck_assert_int_eq(cuvmm_malloc(pool, cc.k * g, &x), CUVMM_OK);
 	ck_assert_ptr_eq(x, cc.want);
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP) - maps, cc.k - cc.m); /* 2 MiB chunks */
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, (cc.k + 4) * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, (cc.k + 4) * g);
 	ck_assert_uint_eq(pat_bad(cc.run, cc.m * g, 0xc0), 0); /* the run's memory stayed where it was */
 	ck_assert_int_eq(pat_fill(x, cc.k * g, 0xc1), 0);
 	ck_assert_uint_eq(pat_bad(x, cc.k * g, 0xc1), 0);
@@ -2601,7 +2589,7 @@ START_TEST(test_compose)
 	ck_assert_ptr_eq(x, t);
 	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP) - maps, 1);
 	ck_assert_uint_le(cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE) - creates, 1);
-	ck_assert_uint_eq(pool_st(pool).mapped_bytes, 4 * g);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 4 * g);
 	ck_assert_int_eq(cuvmm_free(pool, x), CUVMM_OK);
 	trim_ok(pool, 0);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);

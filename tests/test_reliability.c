@@ -64,14 +64,6 @@ static void touch(void *p, size_t bytes, uint32_t v)
 	}
 }
 
-static struct cuvmm_stats pool_stats(struct cuvmm_pool *p)
-{
-	struct cuvmm_stats st = {.size = sizeof(st)};
-
-	ck_assert_int_eq(cuvmm_pool_stats(p, &st), CUVMM_OK);
-	return st;
-}
-
 /* ----- 1. memory handed out without access ----- */
 
 /* Case 0: set-access refused; case 1: the limit runs out after the first chunk was mapped. Either way the
@@ -371,8 +363,8 @@ START_TEST(test_malloc_races_sleep)
 	pthread_join(mt, NULL);
 	ck_assert_int_eq(sa.err, CUVMM_OK);
 	ck_assert_msg(ma.err == CUVMM_ESTATE, "malloc into a sleeping pool returned %s", cuvmm_err_name(ma.err));
-	ck_assert_uint_eq(pool_stats(p).mapped_bytes, 0);
-	ck_assert_uint_eq(pool_stats(p).live_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(p).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(p).live_bytes, 0);
 	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_malloc(p, 2 * G, &a), CUVMM_OK);
 	touch(a, 2 * G, 5);

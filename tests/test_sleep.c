@@ -486,16 +486,6 @@ static uint64_t pool_check(struct pool_state *ps, uint32_t gen)
 	return bad;
 }
 
-static struct cuvmm_stats pool_st(struct cuvmm_pool *p)
-{
-	struct cuvmm_stats st;
-
-	memset(&st, 0, sizeof(st));
-	st.size = sizeof(st);
-	ck_assert_int_eq(cuvmm_pool_stats(p, &st), CUVMM_OK);
-	return st;
-}
-
 /* Asleep: malloc, free and sleep refused (pool_trim is checked on its own in test_pool_trim_asleep). */
 static void expect_pool_asleep(struct pool_state *ps, CUstream s)
 {
@@ -529,11 +519,11 @@ START_TEST(test_pool_sleep_wake)
 	ck_assert_int_eq(tc_stream_create(&s), 0);
 	ps.p = pool_new(ctx);
 	pool_populate(&ps, 1);
-	before = pool_st(ps.p);
+	before = tc_pool_stats(ps.p);
 	ck_assert_uint_gt(before.held_bytes, 0);
 
 	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, mode, NULL), CUVMM_OK);
-	st = pool_st(ps.p);
+	st = tc_pool_stats(ps.p);
 	ck_assert_uint_eq(st.held_bytes, 0); /* free memory given back too */
 	ck_assert_uint_eq(st.mapped_bytes, 0);
 	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
@@ -544,11 +534,11 @@ START_TEST(test_pool_sleep_wake)
 	if (tc_on_host())
 		ck_assert_int_eq(tc_memfd_bytes(), 0);
 	expect_pool_asleep(&ps, s);
-	ck_assert_uint_eq(pool_st(ps.p).live_bytes, before.live_bytes);
+	ck_assert_uint_eq(tc_pool_stats(ps.p).live_bytes, before.live_bytes);
 
 	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_ESTATE);
-	st = pool_st(ps.p);
+	st = tc_pool_stats(ps.p);
 	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
 	ck_assert_uint_eq(st.held_bytes, st.mapped_bytes);
 	ck_assert_uint_le(st.mapped_bytes, before.mapped_bytes); /* the free memory stays given back */
@@ -585,9 +575,9 @@ START_TEST(test_pool_sleep_wake)
 	for (int i = 0; i < 3; i++)
 		ck_assert_int_eq(cuvmm_free(ps.p, q[i]), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free_async(ps.p, q[3], s), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(ps.p).live_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(ps.p).live_bytes, 0);
 	ck_assert_int_eq(cuvmm_pool_trim(ps.p, 0), CUVMM_OK);
-	ck_assert_uint_eq(pool_st(ps.p).held_bytes, 0);
+	ck_assert_uint_eq(tc_pool_stats(ps.p).held_bytes, 0);
 
 	/* And a second cycle on an empty pool. */
 	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, mode, s), CUVMM_OK);
@@ -649,7 +639,7 @@ START_TEST(test_pool_wake_coarsens)
 			ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 1, 1, CUVMM_EDRIVER), CUVMM_OK);
 			ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_EDRIVER);
 			ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
-			ck_assert_uint_eq(pool_st(p).mapped_bytes, 0);
+			ck_assert_uint_eq(tc_pool_stats(p).mapped_bytes, 0);
 			ck_assert_int_eq(cuvmm_malloc(p, 4096, &q), CUVMM_ESTATE);
 			tc_assert_os_matches(ctx);
 		}
@@ -658,7 +648,7 @@ START_TEST(test_pool_wake_coarsens)
 		ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_MAP) - maps, 2);
 		ck_assert_uint_eq(tc_check(a, k * g / 4, 0xa11), 0);
 		ck_assert_uint_eq(tc_check(small, 1000 / 4, 0x5a1), 0);
-		ck_assert_uint_eq(pool_st(p).mapped_bytes, (k + 1) * g);
+		ck_assert_uint_eq(tc_pool_stats(p).mapped_bytes, (k + 1) * g);
 		tc_assert_os_matches(ctx);
 	}
 	/* Freed, the coarse run serves the same size again without a driver call. */
@@ -696,7 +686,7 @@ START_TEST(test_pool_wake_coarsens_packed)
 		ck_assert_int_eq(cuvmm_malloc(p, each, &a[i]), CUVMM_OK);
 		ck_assert_int_eq(tc_fill(a[i], each / 4, 0x1000u + (uint32_t)i), 0);
 	}
-	ck_assert_uint_eq(pool_st(p).mapped_bytes, (size_t)N * each / g * g); /* 60 granules, no waste */
+	ck_assert_uint_eq(tc_pool_stats(p).mapped_bytes, (size_t)N * each / g * g); /* 60 granules, no waste */
 	for (int cycle = 0; cycle < 2; cycle++) {
 		unmaps = cuvmm_ctx_call_count(ctx, CUVMM_CALL_UNMAP);
 		ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
@@ -1159,12 +1149,12 @@ START_TEST(test_fault_pool)
 	memset(&ps, 0, sizeof(ps));
 	ps.p = pool_new(ctx);
 	pool_populate(&ps, 4);
-	before = pool_st(ps.p);
+	before = tc_pool_stats(ps.p);
 
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_COPY, 1, 1, CUVMM_EDRIVER), CUVMM_OK);
 	got = cuvmm_pool_sleep(ps.p, CUVMM_SLEEP_OFFLOAD, NULL);
 	ck_assert_int_eq(got, CUVMM_EDRIVER);
-	st = pool_st(ps.p);
+	st = tc_pool_stats(ps.p);
 	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
 	ck_assert_uint_gt(st.mapped_bytes, 0);
 	ck_assert_uint_eq(pool_check(&ps, 4), 0);
@@ -1174,7 +1164,7 @@ START_TEST(test_fault_pool)
 	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 2, 1, CUVMM_EDRIVER), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_EDRIVER);
-	st = pool_st(ps.p);
+	st = tc_pool_stats(ps.p);
 	ck_assert_uint_eq(st.mapped_bytes, 0);
 	ck_assert_uint_eq(st.held_bytes, 0);
 	ck_assert_uint_eq(st.live_bytes, before.live_bytes);
