@@ -22,6 +22,7 @@ costs there are memfd/mmap system calls, not driver calls.
 Usage:
     python3 bench/sweep.py [--trace=build/bench/trace] [--scale=0.05] [--csv=sweep.csv] [--plot=sweep.png]
                            [--delays=0,100,1000] [--only=NAME,...] [--smoke] [--backend=cuda|host]
+                           [--coarse-granules=N]
 --smoke: three small traces at delay 0 and 100 ms, tiny scale (a CI check that the pipeline works; it
 fails if a run fails, never on a figure). Exit status: 0, 1 if a run failed, 2 for bad arguments.
 Python 3 standard library only (matplotlib optional, for the plot).
@@ -79,6 +80,8 @@ def run_trace(args, shape, delay, allocs, gran):
            "--prompt-mu=%g" % p[0], "--prompt-sigma=%g" % p[1], "--prompt-max=%d" % p[2],
            "--output-mu=%g" % o[0], "--output-sigma=%g" % o[1], "--output-max=%d" % o[2],
            "--release-delay-ms=%d" % delay, "--summary-csv=" + summary]
+    if args.coarse_granules:
+        cmd.append("--coarse-bytes=%d" % (args.coarse_granules * (gran or 2 * 1024 * 1024)))
     env = dict(os.environ)
     if gran:
         env["CUVMM_HOST_GRANULARITY"] = str(gran)
@@ -156,6 +159,9 @@ def main():
     ap.add_argument("--only", default=None, help="comma list of trace names (default: all)")
     ap.add_argument("--csv", default="sweep.csv", help="CSV to write (default sweep.csv)")
     ap.add_argument("--plot", default="sweep.png", help="PNG to write if matplotlib is present (default sweep.png)")
+    ap.add_argument("--coarse-granules", type=int, default=0,
+                    help="cuvmm pools with coarse_bytes of this many granules (default 0: off; the trade-off of "
+                         "cuvmm_pool_config.coarse_bytes on KV traces)")
     ap.add_argument("--smoke", action="store_true", help="three small traces, tiny scale, delays 0 and 100")
     ap.add_argument("--list", action="store_true", help="print the family and exit")
     args = ap.parse_args()

@@ -74,6 +74,7 @@ static struct {
 	uint64_t kv_per_token;
 	uint64_t seed;
 	int64_t release_delay_ms;
+	uint64_t coarse_bytes; /* cuvmm_pool_config.coarse_bytes of the cuvmm pools (trace and return test) */
 	double scale;
 	double prompt_mu, prompt_sigma, output_mu, output_sigma;
 	uint32_t prompt_min, prompt_max, output_min, output_max;
@@ -588,6 +589,7 @@ static int runner_setup(struct runner *r)
 		cuvmm_region_destroy(probe);
 		cuvmm_pool_config_init(&pc);
 		pc.name = "kv";
+		pc.coarse_bytes = (size_t)opt.coarse_bytes;
 		CV(cuvmm_pool_create(r->ctx, &pc, &r->pool));
 		if (r->k == A_CUVMMASYNC)
 			r->stream = cuvmm_ctx_backend(r->ctx) == CUVMM_BACKEND_HOST ? (CUstream)(void *)&g_dummy_stream_obj
@@ -1018,6 +1020,9 @@ static int rtest_cuvmm(struct rtest *rt, uint64_t bytes)
 	drv = g_gpu && cuvmm_ctx_backend(ctx) == CUVMM_BACKEND_CUDA;
 	cuvmm_pool_config_init(&pc);
 	pc.name = "return-test";
+	pc.coarse_bytes = (size_t)opt.coarse_bytes;
+	if (opt.coarse_bytes)
+		rt->name = "cuvmm_pool_trim (coarse)";
 	if ((err = cuvmm_pool_create(ctx, &pc, &pool)) != CUVMM_OK) {
 		cuvmm_fail(err, "cuvmm_pool_create");
 		goto out;
@@ -1198,7 +1203,7 @@ static void print_rtests(const struct rtest *rt, int n)
 	if (!any)
 		return;
 	printf("\nReturn test: allocate in %.0f MiB pieces, free all, then give the memory back\n", (double)RT_PIECE / MIB);
-	printf("%-18s %10s %10s %10s %14s %10s %14s %s\n", "method", "bytes MiB", "alloc ms", "free ms",
+	printf("%-24s %10s %10s %10s %14s %10s %14s %s\n", "method", "bytes MiB", "alloc ms", "free ms",
 	       "held pre MiB", "trim ms", "held post MiB", "notes");
 	for (int i = 0; i < n; i++) {
 		const struct rtest *r = &rt[i];
@@ -1206,10 +1211,10 @@ static void print_rtests(const struct rtest *rt, int n)
 		if (!r->ran)
 			continue;
 		if (!r->ok) {
-			printf("%-18s FAILED\n", r->name);
+			printf("%-24s FAILED\n", r->name);
 			continue;
 		}
-		printf("%-18s %10.0f %10.3f %10.3f %14.1f %10.3f %14.1f", r->name, (double)r->bytes / MIB, r->alloc_ms,
+		printf("%-24s %10.0f %10.3f %10.3f %14.1f %10.3f %14.1f", r->name, (double)r->bytes / MIB, r->alloc_ms,
 		       r->free_ms, (double)r->held_before / MIB, r->trim_ms, (double)r->held_after / MIB);
 		if (r->driver_ns || r->unmap_calls || r->release_calls)
 			printf(" pool unmaps %" PRIu64 ", releases %" PRIu64 ", context driver time (alloc to trim) %.1f ms",
@@ -1354,6 +1359,8 @@ static void usage(FILE *f)
 		"  --csv-every-ops=N      time-series row every N ops (1000)\n"
 		"  --return-test-bytes=B  return test size (8g on a GPU, 256m on the host; 0 skips it)\n"
 		"  --return-piece-bytes=B return test allocation size (64m)\n"
+		"  --coarse-bytes=B       cuvmm pools (trace and return test): allocations from B up take handles\n"
+		"                         as large as fit (cuvmm_pool_config.coarse_bytes; default 0: off)\n"
 		"  --csv=FILE             time series: allocator,t_ms,live_bytes,held_bytes,driver_held_bytes,phase\n"
 		"  --summary-csv=FILE     one row per allocator and per return-test method\n"
 		"  --quiet                only the final tables\n"
@@ -1460,7 +1467,7 @@ static int parse_list(const char *s)
 
 enum {
 	O_ALLOC = 256, O_BACKEND, O_REQ, O_CONC, O_KV, O_SEED, O_DELAY, O_SCALE, O_CSV, O_SUMMARY, O_QUIET, O_RET, O_RETPIECE,
-	O_SYNC, O_DSAMPLE, O_CSVEVERY, O_PMU, O_PSIG, O_PMIN, O_PMAX, O_OMU, O_OSIG, O_OMIN, O_OMAX, O_HELP,
+	O_COARSE,	O_SYNC, O_DSAMPLE, O_CSVEVERY, O_PMU, O_PSIG, O_PMIN, O_PMAX, O_OMU, O_OSIG, O_OMIN, O_OMAX, O_HELP,
 };
 
 static int parse_args(int argc, char **argv)
@@ -1479,6 +1486,7 @@ static int parse_args(int argc, char **argv)
 		{"quiet", no_argument, NULL, O_QUIET},
 		{"return-test-bytes", required_argument, NULL, O_RET},
 		{"return-piece-bytes", required_argument, NULL, O_RETPIECE},
+		{"coarse-bytes", required_argument, NULL, O_COARSE},
 		{"sync-every-step", no_argument, NULL, O_SYNC},
 		{"driver-sample-ops", required_argument, NULL, O_DSAMPLE},
 		{"csv-every-ops", required_argument, NULL, O_CSVEVERY},
@@ -1578,6 +1586,11 @@ static int parse_args(int argc, char **argv)
 				return -1;
 			}
 			RT_PIECE = v;
+			break;
+		case O_COARSE:
+			if (parse_u64(optarg, "coarse-bytes", &v, true))
+				return -1;
+			opt.coarse_bytes = v;
 			break;
 		case O_SYNC:
 			opt.sync_every_step = true;

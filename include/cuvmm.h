@@ -467,9 +467,18 @@ CUVMM_API int cuvmm_region_stats(struct cuvmm_region *r, struct cuvmm_stats *out
  * where live allocations sit, plus free memory kept mapped for fast reuse (the slack); the slack is given
  * back once it has been free for release_delay_ms, and earlier where keeping it would raise held more than
  * a quarter above the pool's recent peak footprint. Allocations of up to a quarter of the granularity (512 KiB
- * on current GPUs) share granules (size classes with four steps per doubling); larger ones take whole
- * granules of their own, and an allocation may hold up to max(1, k/16) granules beyond its k, where it
- * reuses memory mapped with large handles.
+ * on current GPUs) share granules (size classes with four steps per doubling); larger ones up to 32 granules
+ * (64 MiB) are packed back to back at 512-byte alignment, so that they share granules with their neighbours
+ * (a granule is held while a live byte sits on it); larger ones take whole granules of their own, and an
+ * allocation may hold up to max(1, k/16) granules beyond its k, where it reuses memory mapped with large
+ * handles.
+ *
+ * Memory is mapped with one handle per granule, except for allocations of 1 GiB or more (handles of about a
+ * sixteenth of the allocation, up to 64 granules) and what a wake maps (cuvmm_pool_wake()). Each handle
+ * costs its own driver calls when the memory goes back (about 40 us on an H200: 8 GiB in 2 MiB handles take
+ * about 0.15 s to unmap and release), while a freed run of large handles can serve only allocations of
+ * about its size. A pool whose large allocations stay large (weights loaded once) can ask for large handles
+ * from a smaller size with cuvmm_pool_config.coarse_bytes; a pool of growing buffers (a KV cache) should not.
  * @{
  */
 
@@ -482,6 +491,14 @@ struct cuvmm_pool_config {
 	uint64_t peer_access; /**< devices given access to the pool's memory (bit i: device i; the pool's own
 	                           device always has it, so 1 << device means none other; CUVMM_PEERS_ALL: every
 	                           device); 0: the context's peer_access (the default). See @ref peers */
+	size_t coarse_bytes; /**< allocations of at least this many bytes (rounded up to a granule) take whole
+	                          granules, mapped on handles as large as fit, up to 64 granules (128 MiB on
+	                          current GPUs): they go back in few driver calls (trim, idle release, sleep) and
+	                          the memory one frees is reused only by an allocation of about its size (up to
+	                          a sixteenth smaller) until it is given back. For pools whose large allocations
+	                          stay large. 0 (the default): only from 1 GiB up, with handles of about a
+	                          sixteenth of the allocation. A config whose size is the offset of this field
+	                          (built against an older header) is accepted, with 0. */
 };
 
 /**

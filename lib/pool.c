@@ -3,6 +3,7 @@
  * The layout is in pool.h; the pool's other files are listed in pool_int.h. Everything here runs under the
  * pool's lock (p->r.lock) unless a function says otherwise.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,7 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 	struct cuvmm_pool *p;
 	struct cvm_dev *dev;
 	struct cvm_run *va;
-	size_t max;
+	size_t max, coarse;
 	int err;
 
 	if (!ctx || !out)
@@ -49,8 +50,10 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 		cuvmm_pool_config_init(&defaults);
 		cfg = &defaults;
 	}
-	if (cfg->size < sizeof(*cfg))
+	/* A config of a header before coarse_bytes (its size ends where that field begins) gets its default. */
+	if (cfg->size != offsetof(struct cuvmm_pool_config, coarse_bytes) && cfg->size < sizeof(*cfg))
 		return CUVMM_EINVAL;
+	coarse = cfg->size >= sizeof(*cfg) ? cfg->coarse_bytes : 0;
 	err = cvm_ctx_dev(ctx, cfg->device, &dev);
 	if (err)
 		return err;
@@ -71,6 +74,7 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 		return err;
 	}
 	p->r.acct.live_private = true;
+	p->coarse_k = coarse ? ((coarse - 1) >> p->r.gshift) + 1 : 0;
 	p->pacct.parent = &dev->acct;
 	snprintf(p->name, sizeof(p->name), "%s", cfg->name ? cfg->name : "pool");
 	p->edge = calloc(p->r.ngran, sizeof(*p->edge));
@@ -155,7 +159,7 @@ static int pool_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void 
 		err = cvm_slab_alloc(p, bytes, stream, ptr);
 		goto out;
 	}
-	if (bytes <= p->pack_max) {
+	if (bytes <= p->pack_max && !cvm_pool_coarse(p, bytes)) {
 		err = cvm_pool_pack_alloc(p, bytes, stream, ptr);
 		goto out;
 	}

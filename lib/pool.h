@@ -73,6 +73,8 @@ struct cuvmm_pool {
 	size_t free_bytes;             /* bytes in FREE runs */
 	size_t small_max;              /* largest size served from slabs */
 	size_t pack_max;               /* largest size the packer places (above small_max) */
+	size_t coarse_k;               /* allocations of at least this many granules take handles as large as
+	                                  fit (cuvmm_pool_config.coarse_bytes); 0: none */
 	struct cvm_pack pack;          /* allocations above small_max up to pack_max */
 	size_t npack_coarse;           /* PACK runs of more than one granule (a chunk a wake mapped coarse) */
 	unsigned nsmall;               /* size classes in use */

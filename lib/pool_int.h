@@ -90,6 +90,12 @@ unsigned cvm_whole_cls(size_t k);
 /* The granules an allocation of k granules would take from the start of FREE run `run` (every run boundary a
  * chunk boundary), or 0 if it cannot. */
 size_t cvm_cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k);
+/* Does an allocation of `bytes` take handles as large as fit (cuvmm_pool_config.coarse_bytes): whole
+ * granules of its own, not packed? */
+static inline bool cvm_pool_coarse(const struct cuvmm_pool *p, size_t bytes)
+{
+	return p->coarse_k && bytes > ((p->coarse_k - 1) << p->r.gshift);
+}
 
 /* ----- pool_slab.c ----- */
 

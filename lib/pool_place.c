@@ -141,9 +141,13 @@ unsigned cvm_whole_cls(size_t k)
 	return cls < CVM_POOL_MAX_CLS ? cls : CVM_POOL_MAX_CLS;
 }
 
-static unsigned fresh_cls(size_t k)
+/* The chunk class for n fresh granules of an allocation of k (n < k where compose maps what a FREE run lacks):
+ * by the rule above, or as large as fit for a pool's coarse allocations (cuvmm_pool_config.coarse_bytes). */
+static unsigned fresh_cls(const struct cuvmm_pool *p, size_t k, size_t n)
 {
-	return k < CVM_POOL_BIG ? 0 : cvm_large_cls(k);
+	if (p->coarse_k && k >= p->coarse_k)
+		return cvm_whole_cls(n);
+	return n < CVM_POOL_BIG ? 0 : cvm_large_cls(n);
 }
 
 /*
@@ -179,7 +183,7 @@ static struct cvm_run *find_va(struct cuvmm_pool *p, size_t k, size_t align, siz
  * returns the new run (edges set, in no index). */
 static int map_fresh(struct cuvmm_pool *p, size_t k, struct cvm_run **out)
 {
-	unsigned cls = fresh_cls(k);
+	unsigned cls = fresh_cls(p, k, k);
 	size_t align = (size_t)1 << cls, lead, s;
 	struct cvm_run *va = find_va(p, k, align, &s), *run, *front;
 	int err;
@@ -257,7 +261,7 @@ static int compose_map(struct cuvmm_pool *p, struct cvm_run *run, struct cvm_run
 	}
 	if (piece != va)
 		cvm_bin_insert(p, va);
-	err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(lack));
+	err = cvm_region_map_locked(&p->r, piece->start, lack, fresh_cls(p, k, lack));
 	if (err) {
 		cvm_bin_insert(p, piece);
 		cvm_coalesce(p, piece);

@@ -47,7 +47,7 @@ static struct cuvmm_ctx *new_ctx(int64_t delay_ms, bool background, size_t retai
 	return tc_ctx(&cfg);
 }
 
-static struct cuvmm_pool *new_pool(struct cuvmm_ctx *ctx, size_t max_bytes)
+static struct cuvmm_pool *new_pool_coarse(struct cuvmm_ctx *ctx, size_t max_bytes, size_t coarse_bytes)
 {
 	struct cuvmm_pool_config pc;
 	struct cuvmm_pool *pool = NULL;
@@ -55,11 +55,17 @@ static struct cuvmm_pool *new_pool(struct cuvmm_ctx *ctx, size_t max_bytes)
 
 	cuvmm_pool_config_init(&pc);
 	pc.max_bytes = max_bytes;
+	pc.coarse_bytes = coarse_bytes;
 	pc.name = "test";
 	err = cuvmm_pool_create(ctx, &pc, &pool);
 	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_create: %s", cuvmm_err_name(err));
 	ck_assert_ptr_nonnull(pool);
 	return pool;
+}
+
+static struct cuvmm_pool *new_pool(struct cuvmm_ctx *ctx, size_t max_bytes)
+{
+	return new_pool_coarse(ctx, max_bytes, 0);
 }
 
 /* Two distinct streams: real ones on CUDA; on the host any distinct non-NULL values (tc_stream_create hands
@@ -152,13 +158,21 @@ static size_t live_of(size_t bytes, size_t gran)
 	return bytes <= small_max_of(gran) ? class_round(bytes) : bytes;
 }
 
+/* Is an allocation of `bytes` packed, in a pool whose coarse_bytes is `coarse` (cuvmm.h: from that size up,
+ * rounded up to granules, allocations take whole granules of their own)? */
+static bool packed_of(size_t bytes, size_t gran, size_t coarse)
+{
+	return bytes > small_max_of(gran) && bytes <= pack_max_of(gran) &&
+	       !(coarse && round_up(bytes, gran) >= round_up(coarse, gran));
+}
+
 /* Address range an allocation occupies for sure: its slot, its 512-byte units (packed), or its whole
  * granules. */
-static size_t foot_of(size_t bytes, size_t gran)
+static size_t foot_of(size_t bytes, size_t gran, size_t coarse)
 {
 	if (bytes <= small_max_of(gran))
 		return class_round(bytes);
-	return round_up(bytes, bytes <= pack_max_of(gran) ? 512 : gran);
+	return round_up(bytes, packed_of(bytes, gran, coarse) ? 512 : gran);
 }
 
 /* Granules a large allocation of k granules may take at most: cut_len in pool_place.c lets it extend to the end
@@ -237,6 +251,7 @@ struct model {
 	struct cuvmm_ctx *ctx;
 	struct cuvmm_pool *pool;
 	size_t gran, small_max;
+	size_t coarse;      /* the pool's coarse_bytes */
 	int64_t delay_ms;
 	CUstream s[2];
 	bool phases;        /* gate-closed phases allowed (host backend, no reclaim pass can need a sync) */
@@ -319,7 +334,7 @@ static void m_bounds(struct model *m, uint64_t *lo, uint64_t *hi)
 	for (size_t i = 0; i < m->n; i++) {
 		if (m->a[i].bytes <= m->small_max) {
 			gs[ng++] = m->a[i].p / m->gran;
-		} else if (m->a[i].bytes <= pack_max_of(m->gran)) {
+		} else if (packed_of(m->a[i].bytes, m->gran, m->coarse)) {
 			/* Packed: its bytes, on granules it may share; at most one granule more than its own. */
 			size_t k = round_up(m->a[i].foot, m->gran) / m->gran;
 
@@ -438,7 +453,7 @@ static void m_pend_add(struct model *m, uintptr_t a, uintptr_t b, CUstream s)
 
 static void m_malloc(struct model *m)
 {
-	size_t bytes = m_size(m), foot = foot_of(bytes, m->gran);
+	size_t bytes = m_size(m), foot = foot_of(bytes, m->gran, m->coarse);
 	int how = (int)m_rand(m, 4); /* cuvmm_malloc, async on s[0], async on s[1], async on NULL */
 	CUstream s = how == 1 ? m->s[0] : how == 2 ? m->s[1] : NULL;
 	void *ptr = SENTINEL;
@@ -450,7 +465,7 @@ static void m_malloc(struct model *m)
 	ck_assert_msg(err == CUVMM_OK, "%s malloc of %zu bytes: %s", where(m), bytes, cuvmm_err_name(err));
 	p = (uintptr_t)ptr;
 	ck_assert_msg(p && p % 256 == 0, "%s %#" PRIxPTR " is not aligned to 256", where(m), p);
-	if (bytes > pack_max_of(m->gran))
+	if (bytes > m->small_max && !packed_of(bytes, m->gran, m->coarse))
 		ck_assert_msg(p % m->gran == 0, "%s large allocation %#" PRIxPTR " not granule-aligned", where(m), p);
 	for (size_t i = 0; i < m->n; i++)
 		ck_assert_msg(!overlaps(p, foot, m->a[i].p, m->a[i].foot),
@@ -471,7 +486,8 @@ static void m_malloc(struct model *m)
 		}
 		if (same) {
 			/* A large allocation may also have taken the granules up to its chunk's end. */
-			size_t cut = bytes > pack_max_of(m->gran) ? max_granules(foot / m->gran) * m->gran : foot;
+			size_t cut = bytes > m->small_max && !packed_of(bytes, m->gran, m->coarse) ?
+					     max_granules(foot / m->gran) * m->gran : foot;
 
 			m_pend_cut(m, p, p + cut, s);
 			m->nsame++;
@@ -613,7 +629,7 @@ static void m_step(struct model *m)
 		m_verify_sample(m, m_rand(m, m->n));
 }
 
-static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool phases, uint64_t ops)
+static void run_model(const char *name, int64_t delay_ms, size_t host_gran, size_t coarse, bool phases, uint64_t ops)
 {
 	struct model m;
 	uint64_t t0 = tc_now_ms();
@@ -628,7 +644,8 @@ static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool
 	m.ctx = new_ctx(delay_ms, false, 0, host_gran);
 	m.gran = tc_granularity(m.ctx);
 	m.small_max = small_max_of(m.gran);
-	m.pool = new_pool(m.ctx, 0);
+	m.coarse = coarse;
+	m.pool = new_pool_coarse(m.ctx, 0, coarse);
 	m.reserved = tc_pool_stats(m.pool).reserved_bytes;
 	m.phases = phases && tc_on_host() && delay_ms != 0;
 	m.s[0] = new_stream(0);
@@ -677,21 +694,29 @@ static void run_model(const char *name, int64_t delay_ms, size_t host_gran, bool
 /* Reclaim passes run inside the calls (no background thread) with a short delay; gate phases on the host. */
 START_TEST(test_model_short_delay)
 {
-	run_model("delay 3 ms", 3, 0, true, 3000);
+	run_model("delay 3 ms", 3, 0, 0, true, 3000);
+}
+END_TEST
+
+/* A pool with coarse_bytes of three granules: most allocations of a granule or more take handles as large as
+ * fit (cuvmm_pool_config.coarse_bytes), next to slabs and packed ones below that size. */
+START_TEST(test_model_coarse)
+{
+	run_model("coarse from 3 granules, delay 3 ms", 3, 0, 5 * TC_MiB, true, 3000);
 }
 END_TEST
 
 /* Every free given back at once; 4 MiB host granules, so slabs serve up to 1 MiB. */
 START_TEST(test_model_delay_zero)
 {
-	run_model("delay 0, 4 MiB host granules", 0, 4 * TC_MiB, false, 1500);
+	run_model("delay 0, 4 MiB host granules", 0, 4 * TC_MiB, 0, false, 1500);
 }
 END_TEST
 
 /* Nothing given back by time: only the slack cap and trim. */
 START_TEST(test_model_never)
 {
-	run_model("delay never", -1, 0, true, 1500);
+	run_model("delay never", -1, 0, 0, true, 1500);
 }
 END_TEST
 
@@ -2665,6 +2690,7 @@ static Suite *pool_suite(void)
 	tc = new_tcase(s, "model");
 	tcase_add_test(tc, test_model_short_delay);
 	tcase_add_test(tc, test_model_delay_zero);
+	tcase_add_test(tc, test_model_coarse);
 	tcase_add_test(tc, test_model_never);
 
 	tc = new_tcase(s, "faults");

@@ -66,6 +66,7 @@ class PoolConfig(ctypes.Structure):
         ("max_bytes", c_size_t),
         ("name", c_char_p),
         ("peer_access", c_uint64),
+        ("coarse_bytes", c_size_t),
     ]
 
 

@@ -329,9 +329,11 @@ class Context(_Handle):
         """Give `peer` access to the memory on `device`: what is mapped now and everything mapped later."""
         self._call(lib.cuvmm_ctx_add_peer, device, peer)
 
-    def pool(self, name, device=0, max_bytes=0, peer_access=None):
-        """A new Pool on this context (peer_access: as Context's; None: the context's)."""
-        return Pool(self, name, device, max_bytes, peer_access)
+    def pool(self, name, device=0, max_bytes=0, peer_access=None, coarse_bytes=0):
+        """A new Pool on this context (peer_access: as Context's; None: the context's). coarse_bytes: allocations
+        from this size up take handles as large as fit, so that they go back in few driver calls (for pools whose
+        large allocations stay large, such as weights; cuvmm_pool_config.coarse_bytes)."""
+        return Pool(self, name, device, max_bytes, peer_access, coarse_bytes)
 
     def region(self, max_bytes, device=0, granularity=0):
         """A new Region reserving max_bytes on device (granularity 0: the device's)."""
@@ -391,11 +393,12 @@ class Pool(_Child):
     _destroy = lib.cuvmm_pool_destroy
     _stats_fn = lib.cuvmm_pool_stats
 
-    def __init__(self, ctx, name, device=0, max_bytes=0, peer_access=None):
+    def __init__(self, ctx, name, device=0, max_bytes=0, peer_access=None, coarse_bytes=0):
         cfg = PoolConfig()
         lib.cuvmm_pool_config_init(ctypes.byref(cfg))
         _set(cfg, "device", device, "cuvmm_pool_create")
         _set(cfg, "max_bytes", max_bytes, "cuvmm_pool_create")
+        _set(cfg, "coarse_bytes", coarse_bytes, "cuvmm_pool_create")
         _set(cfg, "peer_access", _peers(peer_access, "cuvmm_pool_create") or 0, "cuvmm_pool_create")
         self.name = name
         self.device = device

@@ -37,6 +37,7 @@ int main(void)
 	OFF(cuvmm_pool_config, max_bytes);
 	OFF(cuvmm_pool_config, name);
 	OFF(cuvmm_pool_config, peer_access);
+	OFF(cuvmm_pool_config, coarse_bytes);
 	SIZE(cuvmm_kv_config);
 	OFF(cuvmm_kv_config, device);
 	OFF(cuvmm_kv_config, block_bytes);

@@ -394,6 +394,22 @@ class TestPool(unittest.TestCase):
             self.assertEqual(c.live_bytes, s.live_bytes)
         self.assertGreater(self.ctx.stats(0).map_calls, 0)
 
+    def test_coarse_bytes(self):
+        # 64 MiB allocations: one handle each with coarse_bytes, one per 2 MiB granule without (packed).
+        for coarse, handles in ((64 * MiB, 1), (0, 32)):
+            with self.ctx.pool("weights", coarse_bytes=coarse) as pool:
+                creates = self.ctx.call_count("create")
+                ptrs = [pool.malloc(64 * MiB) for _ in range(4)]
+                self.assertEqual(self.ctx.call_count("create") - creates, 4 * handles, coarse)
+                for p in ptrs:
+                    pool.free(p)
+                releases = self.ctx.call_count("release")
+                pool.trim()
+                self.assertEqual(self.ctx.call_count("release") - releases, 4 * handles, coarse)
+                self.assertEqual(pool.stats().held_bytes, 0)
+        with self.assertRaises(cuvmm.InvalidArgument):
+            self.ctx.pool("x", coarse_bytes=-1)
+
     def test_use_after_close(self):
         self.pool.close()
         with self.assertRaises(cuvmm.ClosedError) as cm:
