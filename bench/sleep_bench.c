@@ -11,7 +11,7 @@
  * way. On the host backend (no GPU, or --backend=host) the "device" is memfd host memory and the plain copy
  * is memcpy into malloc'ed memory, first-touched as its "pin": host figures, not GPU figures.
  *
- * Usage: sleep_bench [--backend=cuda|host] [--gib=N] [--tensor-mib=N] [--cycles=N]   (--help)
+ * Usage: sleep_bench [--backend=cuda|host] [--gib=N] [--tensor-mib=N] [--cycles=N] [--coarse-mib=N]   (--help)
  */
 #include <getopt.h>
 #include <stdbool.h>
@@ -82,6 +82,7 @@ int main(int argc, char **argv)
 					     {"gib", required_argument, NULL, 'g'},
 					     {"tensor-mib", required_argument, NULL, 't'},
 					     {"cycles", required_argument, NULL, 'c'},
+					     {"coarse-mib", required_argument, NULL, 'k'},
 					     {"help", no_argument, NULL, 'h'},
 					     {NULL, 0, NULL, 0}};
 	static const char help[] =
@@ -92,13 +93,14 @@ int main(int argc, char **argv)
 		"  --gib=N           GiB in the pool, 1 to 1024 (default 8 on a GPU, 1 on the host)\n"
 		"  --tensor-mib=N    allocation size in MiB, 1 to 65536 (default 128)\n"
 		"  --cycles=N        sleep/wake cycles, 1 to 100 (default 3: the first pins, the rest reuse)\n"
+		"  --coarse-mib=N    the pool's coarse_bytes in MiB, 0 to 65536 (default 0: off)\n"
 		"  --help            print this help and exit\n"
 		"\n"
 		"GB/s = 1e9 bytes per second of the call's wall time; % = of the plain pinned copy's rate.\n"
 		"CUVMM_PIN_THREADS sets the pinning threads of the first sleep. Exit status: 0, 1 on a failure, 2 for a\n"
 		"usage error.\n";
 	enum cuvmm_backend be = CUVMM_BACKEND_AUTO;
-	long gib = 0, tensor_mib = 128, cycles = 3;
+	long gib = 0, tensor_mib = 128, cycles = 3, coarse_mib = 0;
 	struct cuvmm_config cfg;
 	struct cuvmm_pool_config pcfg;
 	struct cuvmm_ctx *ctx = NULL;
@@ -125,6 +127,9 @@ int main(int argc, char **argv)
 			break;
 		case 'c':
 			cycles = (long)cli_int("cycles", optarg, 1, 100);
+			break;
+		case 'k':
+			coarse_mib = (long)cli_int("coarse-mib", optarg, 0, 65536);
 			break;
 		case 'h':
 			cli_help(help);
@@ -155,6 +160,7 @@ int main(int argc, char **argv)
 	cfg.backend = be;
 	cuvmm_pool_config_init(&pcfg);
 	pcfg.name = "weights";
+	pcfg.coarse_bytes = (size_t)coarse_mib * MIB;
 	p = calloc(n, sizeof(*p));
 	if (!p || ck_cuvmm(cuvmm_ctx_create(&cfg, &ctx), "cuvmm_ctx_create") ||
 	    ck_cuvmm(cuvmm_pool_create(ctx, &pcfg, &pool), "cuvmm_pool_create"))
@@ -168,8 +174,8 @@ int main(int argc, char **argv)
 	}
 	if (gpu && ck_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"))
 		return 1;
-	printf("sleep_bench: %s backend, %.2f GiB in %zu allocations of %ld MiB%s\n", gpu ? "CUDA" : "HOST",
-	       (double)bytes / (1u << 30), n, tensor_mib,
+	printf("sleep_bench: %s backend, %.2f GiB in %zu allocations of %ld MiB, coarse_bytes %ld MiB%s\n",
+	       gpu ? "CUDA" : "HOST", (double)bytes / (1u << 30), n, tensor_mib, coarse_mib,
 	       gpu ? "" : " (host figures: memfd memory and memcpy, not a GPU)");
 
 	/* The plain pinned copy, in the same run. */
