@@ -11,7 +11,7 @@
  * way. On the host backend (no GPU, or --backend=host) the "device" is memfd host memory and the plain copy
  * is memcpy into malloc'ed memory, first-touched as its "pin": host figures, not GPU figures.
  *
- * Usage: sleep_bench [--backend=cuda|host] [--gib=N] [--tensor-mib=N] [--cycles=N] [--coarse-mib=N]   (--help)
+ * Usage: sleep_bench [--backend=cuda|host] [--gib=N] [--tensor-mib=N] [--cycles=N] [--coarse-mib=N] [--prepare]   (--help)
  */
 #include <getopt.h>
 #include <stdbool.h>
@@ -83,6 +83,7 @@ int main(int argc, char **argv)
 					     {"tensor-mib", required_argument, NULL, 't'},
 					     {"cycles", required_argument, NULL, 'c'},
 					     {"coarse-mib", required_argument, NULL, 'k'},
+					     {"prepare", no_argument, NULL, 'p'},
 					     {"help", no_argument, NULL, 'h'},
 					     {NULL, 0, NULL, 0}};
 	static const char help[] =
@@ -94,6 +95,7 @@ int main(int argc, char **argv)
 		"  --tensor-mib=N    allocation size in MiB, 1 to 65536 (default 128)\n"
 		"  --cycles=N        sleep/wake cycles, 1 to 100 (default 3: the first pins, the rest reuse)\n"
 		"  --coarse-mib=N    the pool's coarse_bytes in MiB, 0 to 65536 (default 0: off)\n"
+		"  --prepare         cuvmm_pool_sleep_prepare() before the first sleep (timed on its own)\n"
 		"  --help            print this help and exit\n"
 		"\n"
 		"GB/s = 1e9 bytes per second of the call's wall time; % = of the plain pinned copy's rate.\n"
@@ -108,7 +110,7 @@ int main(int argc, char **argv)
 	cudaStream_t st = NULL;
 	double pin_s, d2h_s, h2d_s, t0;
 	size_t bytes, each, n;
-	bool gpu = false;
+	bool gpu = false, prepare = false;
 	void **p;
 	char *host;
 	int c, ndev = 0;
@@ -130,6 +132,9 @@ int main(int argc, char **argv)
 			break;
 		case 'k':
 			coarse_mib = (long)cli_int("coarse-mib", optarg, 0, 65536);
+			break;
+		case 'p':
+			prepare = true;
 			break;
 		case 'h':
 			cli_help(help);
@@ -202,6 +207,13 @@ int main(int argc, char **argv)
 	       bytes / pin_s / 1e9, "-");
 	printf("%-30s %10.3f %9.2f %8s\n", "plain D2H (pinned)", d2h_s, bytes / d2h_s / 1e9, "100");
 	printf("%-30s %10.3f %9.2f %8s\n", "plain H2D (pinned)", h2d_s, bytes / h2d_s / 1e9, "100");
+	if (prepare) {
+		t0 = now_s();
+		if (ck_cuvmm(cuvmm_pool_sleep_prepare(pool, 0), "cuvmm_pool_sleep_prepare"))
+			return 1;
+		t0 = now_s() - t0;
+		printf("%-30s %10.3f %9.2f %8s\n", "cuvmm sleep_prepare (pins)", t0, bytes / t0 / 1e9, "-");
+	}
 	for (long cyc = 0; cyc < cycles; cyc++) {
 		double s_s, w_s;
 		char what[40];
@@ -216,7 +228,7 @@ int main(int argc, char **argv)
 		if (gpu && ck_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize"))
 			return 1;
 		w_s = now_s() - t0;
-		snprintf(what, sizeof(what), "cuvmm sleep %ld%s", cyc + 1, cyc ? "" : " (pins)");
+		snprintf(what, sizeof(what), "cuvmm sleep %ld%s", cyc + 1, cyc || prepare ? "" : " (pins)");
 		printf("%-30s %10.3f %9.2f %8.0f\n", what, s_s, bytes / s_s / 1e9, 100 * d2h_s / s_s);
 		snprintf(what, sizeof(what), "cuvmm wake %ld", cyc + 1);
 		printf("%-30s %10.3f %9.2f %8.0f\n", what, w_s, bytes / w_s / 1e9, 100 * h2d_s / w_s);

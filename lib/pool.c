@@ -353,6 +353,20 @@ int cuvmm_pool_stats(struct cuvmm_pool *p, struct cuvmm_stats *out)
  * settle), give the free memory back, then sleep the region under the allocations. The lock is held
  * throughout: the pool is unusable while it goes to sleep anyway.
  */
+int cuvmm_pool_sleep_prepare(struct cuvmm_pool *p, size_t bytes)
+{
+	if (!p)
+		return CUVMM_EINVAL;
+	if (!bytes) {
+		/* What a sleep would copy now: the mapped memory but the free runs, which it gives back first. */
+		pthread_mutex_lock(&p->r.lock);
+		bytes = (size_t)atomic_load(&p->r.acct.mapped);
+		bytes = bytes > p->free_bytes ? bytes - p->free_bytes : 0;
+		pthread_mutex_unlock(&p->r.lock);
+	}
+	return cvm_region_sleep_prepare(&p->r, bytes);
+}
+
 int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream stream)
 {
 	struct cvm_run *run, *next;

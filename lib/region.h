@@ -180,6 +180,11 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream);
  * boundaries are all the chunk boundaries it needs: fewer handles for the wake and for every later sleep.
  */
 void cvm_region_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, unsigned max_cls);
+/* Pin a host copy of `bytes` now and keep it for the next OFFLOAD sleep (unless one as large is kept
+ * already), with r->lock taken only around the pinning, never during it: cuvmm_region_sleep_prepare,
+ * cuvmm_pool_sleep_prepare. CUVMM_ESTATE if the region sleeps (or was put to sleep meanwhile); as a sleep's
+ * pinning otherwise. On failure nothing is kept that was not before. */
+int cvm_region_sleep_prepare(struct cuvmm_region *r, size_t bytes);
 /* Give back the pinned buffer kept for the next sleep (trim, destroy). */
 void cvm_region_host_drop(struct cuvmm_region *r);
 /* Free what sleep holds: a sleeping region's record and host copy, the kept host copy (cvm_region_fini). */

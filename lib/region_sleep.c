@@ -637,6 +637,49 @@ void cvm_region_sleep_coarsen(struct cuvmm_region *r, size_t first, size_t n, un
 	s->nchunks -= hi - m;
 }
 
+int cvm_region_sleep_prepare(struct cuvmm_region *r, size_t bytes)
+{
+	struct cvm_drv_dev *d = &r->dev->drv;
+	struct pin_job *pin;
+	struct cvm_pinned *h;
+	bool have;
+	int err = CUVMM_OK;
+
+	pthread_mutex_lock(&r->lock);
+	if (cvm_region_asleep(r))
+		err = CUVMM_ESTATE;
+	have = !bytes || (r->zzz && r->zzz->keep && r->zzz->keep_bytes >= bytes);
+	pthread_mutex_unlock(&r->lock);
+	if (err || have)
+		return err;
+	/* The pinning, as a first sleep's (parallel, in pieces) but with nothing to copy: the calling thread
+	 * waits for each piece in turn (or pins them all itself with one thread). */
+	err = pin_start(d, bytes, &pin);
+	if (err)
+		return err;
+	for (size_t i = 0; !err && i < pin->h->npieces; i++)
+		err = pin_wait(pin, i);
+	h = pin_finish(pin, err != CUVMM_OK, &err);
+	if (!h)
+		return err;
+	pthread_mutex_lock(&r->lock);
+	if (!r->zzz)
+		r->zzz = calloc(1, sizeof(*r->zzz));
+	if (!r->zzz || cvm_region_asleep(r)) {
+		/* (asleep: put to sleep meanwhile, on a copy of its own; its wake keeps that one) */
+		err = r->zzz ? CUVMM_ESTATE : CUVMM_ENOMEM;
+		pinned_free(d, h);
+	} else if (r->zzz->keep && r->zzz->keep_bytes >= bytes) {
+		pinned_free(d, h); /* another call kept one as large meanwhile */
+	} else {
+		cvm_region_host_drop(r);
+		r->zzz->keep = h;
+		r->zzz->keep_bytes = bytes;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return err;
+}
+
 void cvm_region_host_drop(struct cuvmm_region *r)
 {
 	if (!r->zzz)
@@ -689,6 +732,15 @@ int cuvmm_region_sleep(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, CUstr
 	if (!err)
 		cvm_phys_reclaim(&r->dev->phys, cvm_now_ns(), true, r->ctx->policy.retain_bytes);
 	return err;
+}
+
+int cuvmm_region_sleep_prepare(struct cuvmm_region *r, size_t bytes)
+{
+	if (!r)
+		return CUVMM_EINVAL;
+	if (!bytes)
+		bytes = (size_t)atomic_load(&r->acct.mapped);
+	return cvm_region_sleep_prepare(r, bytes);
 }
 
 int cuvmm_region_wake(struct cuvmm_region *r, CUstream stream)

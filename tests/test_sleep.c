@@ -8,6 +8,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1024,6 +1025,206 @@ START_TEST(test_sleep_host_limit)
 END_TEST
 
 /*
+ * cuvmm_region_sleep_prepare pins the next sleep's host copy ahead (1 and 3 threads): 3 pieces registered
+ * by the call, none by the sleep that follows, none by a second call; the contents come back after wake, and
+ * destroy unpins the copy. A copy too small for the region (prepared for 64 MiB) is replaced by the sleep's
+ * own; one prepared larger than the region serves it.
+ */
+START_TEST(test_prepare_region)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	size_t reg0 = registered();
+	struct cuvmm_region *r;
+	uint64_t calls;
+
+	set_threads(_i ? 3 : 1);
+	r = pin_region(ctx, 61);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 0), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 3);
+	if (tc_on_host())
+		ck_assert_uint_eq(registered() - reg0, 68 * G);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 0), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 32 * G), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 3);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 3);
+	ck_assert_uint_eq(tc_region_stats(r).held_bytes, 0);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 0), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pin_check(r, 61), 0);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_eq(registered(), reg0);
+
+	/* Too small: the sleep pins its own (3 pieces) and the small one goes (on the host: only 68 granules
+	 * stay registered). */
+	r = pin_region(ctx, 62);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 32 * G), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 1);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 4);
+	if (tc_on_host())
+		ck_assert_uint_eq(registered() - reg0, 68 * G);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pin_check(r, 62), 0);
+	/* Larger than the region: serves it. ctx_trim gives the kept copy back first. */
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	ck_assert_uint_eq(registered(), reg0);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 100 * G), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 4);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, 4);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pin_check(r, 62), 0);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_eq(registered(), reg0);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(NULL, 0), CUVMM_EINVAL);
+	ck_assert_int_eq(cuvmm_pool_sleep_prepare(NULL, 0), CUVMM_EINVAL);
+	cuvmm_ctx_destroy(ctx);
+	tc_env_restore();
+}
+END_TEST
+
+/*
+ * A prepare that fails keeps nothing and changes nothing: a registration refused at the first, second or
+ * last piece (1 and 3 threads), and a copy over CUVMM_SLEEP_HOST_LIMIT (nothing registered). A copy kept
+ * before stays kept through a failed replacement. The sleep afterwards pins its own and works.
+ */
+START_TEST(test_prepare_faults)
+{
+	const uint64_t skip = (uint64_t)(_i % 3);
+	const unsigned threads = _i < 3 ? 1 : 3;
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	size_t reg0 = registered();
+	struct cuvmm_region *r;
+	struct tc_snap before, after;
+	uint64_t calls;
+	char what[64];
+	int got;
+
+	snprintf(what, sizeof(what), "register %llu refused, %u threads", (unsigned long long)skip, threads);
+	set_threads(threads);
+	r = pin_region(ctx, 63);
+	before = tc_snap_take(ctx, r);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_HOST_REGISTER, skip, 1, CUVMM_EDRIVER), CUVMM_OK);
+	got = cuvmm_region_sleep_prepare(r, 0);
+	ck_assert_msg(got == CUVMM_EDRIVER, "%s: returned %s", what, cuvmm_err_name(got));
+	ck_assert_uint_ge(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) - calls, skip + 1);
+	ck_assert_msg(registered() == reg0, "%s: %zu bytes left registered", what, registered() - reg0);
+	after = tc_snap_take(ctx, r);
+	tc_snap_expect_same(&before, &after, what, true);
+
+	/* Over the limit: refused before anything is registered. */
+	tc_env_set("CUVMM_SLEEP_HOST_LIMIT", "135M");
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	tc_log_capture(CUVMM_LOG_WARN);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 0), CUVMM_ENOMEM);
+	tc_log_release();
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER), calls);
+	tc_env_set("CUVMM_SLEEP_HOST_LIMIT", "200M");
+
+	/* A kept copy (one piece) survives a failed replacement, and still serves what fits in it. */
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 32 * G), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_HOST_REGISTER, skip, 1, CUVMM_ENOMEM), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 0), CUVMM_ENOMEM);
+	if (tc_on_host())
+		ck_assert_uint_eq(registered() - reg0, 32 * G);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 32 * G), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER), calls);
+
+	ck_assert_msg(pin_check(r, 63) == 0, "%s: contents changed", what);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pin_check(r, 63), 0);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_eq(registered(), reg0);
+	cuvmm_ctx_destroy(ctx);
+	tc_env_restore();
+}
+END_TEST
+
+/* A thread allocating and freeing in a pool while another prepares its sleep (one pinning thread: the
+ * slowest). */
+struct churn {
+	struct cuvmm_pool *p;
+	_Atomic int stop;
+	unsigned long ops;
+	int err;
+};
+
+static void *churn_thread(void *arg)
+{
+	struct churn *c = arg;
+	void *q[8] = {0};
+
+	for (unsigned long i = 0; !atomic_load(&c->stop) || i < 64; i++) {
+		size_t k = i % 8, bytes = (i * 7919) % (6 * TC_MiB) + 1;
+
+		if (q[k] && (c->err = cuvmm_free(c->p, q[k])) != CUVMM_OK)
+			return NULL;
+		q[k] = NULL;
+		if ((c->err = cuvmm_malloc(c->p, bytes, &q[k])) != CUVMM_OK || tc_fill(q[k], bytes / 4, (uint32_t)i))
+			return NULL;
+		c->ops++;
+	}
+	for (int k = 0; k < 8; k++)
+		if (q[k] && (c->err = cuvmm_free(c->p, q[k])) != CUVMM_OK)
+			return NULL;
+	return NULL;
+}
+
+/*
+ * cuvmm_pool_sleep_prepare: with 0, the pool's mapped memory less its free memory, so the sleep that follows
+ * registers nothing; pool trim gives the copy back. Allocations go on while it pins (the lock is not held
+ * through the pinning).
+ */
+START_TEST(test_prepare_pool)
+{
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	size_t reg0 = registered();
+	struct pool_state ps;
+	struct churn c = {0};
+	pthread_t t;
+	uint64_t calls;
+
+	memset(&ps, 0, sizeof(ps));
+	ps.p = pool_new(ctx);
+	pool_populate(&ps, 5);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_pool_sleep_prepare(ps.p, 0), CUVMM_OK);
+	ck_assert_uint_gt(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER), calls);
+	calls = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_pool_sleep(ps.p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER), calls);
+	ck_assert_int_eq(cuvmm_pool_sleep_prepare(ps.p, 0), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_pool_wake(ps.p, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pool_check(&ps, 5), 0);
+	ck_assert_int_eq(cuvmm_pool_trim(ps.p, 0), CUVMM_OK);
+	ck_assert_uint_eq(registered(), reg0);
+
+	/* Churn meanwhile. */
+	set_threads(1);
+	c.p = ps.p;
+	ck_assert_int_eq(pthread_create(&t, NULL, churn_thread, &c), 0);
+	ck_assert_int_eq(cuvmm_pool_sleep_prepare(ps.p, 96 * TC_MiB), CUVMM_OK);
+	atomic_store(&c.stop, 1);
+	ck_assert_int_eq(pthread_join(t, NULL), 0);
+	ck_assert_msg(c.err == CUVMM_OK, "the allocating thread failed: %s", cuvmm_err_name(c.err));
+	ck_assert_uint_eq(pool_check(&ps, 5), 0);
+	for (int i = 0; i < NPTR; i++)
+		if (ps.live[i])
+			ck_assert_int_eq(cuvmm_free(ps.p, ps.ptr[i]), CUVMM_OK);
+	trim_close(ctx, ps.p);
+	ck_assert_uint_eq(registered(), reg0);
+	tc_env_restore();
+}
+END_TEST
+
+/*
  * Wake failing: CREATE, MAP, SET_ACCESS (first, second, sixth, last chunk) and COPY (first, second, last
  * piece). The region stays asleep with nothing of it mapped and its host copy intact: the next wake restores
  * everything. _i < 12: OFFLOAD; the last cases: DISCARD.
@@ -1305,6 +1506,9 @@ static Suite *sleep_suite(void)
 	tcase_add_test(tc, test_fault_pool);
 	tcase_add_loop_test(tc, test_fault_pin, 0, 6);
 	tcase_add_test(tc, test_sleep_host_limit);
+	tcase_add_loop_test(tc, test_prepare_region, 0, 2);
+	tcase_add_loop_test(tc, test_prepare_faults, 0, 6);
+	tcase_add_test(tc, test_prepare_pool);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("gpu");

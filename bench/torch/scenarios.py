@@ -13,7 +13,8 @@ Scenarios (each: stock, stock with expandable segments, cuvmm):
   speed    generate() tokens/s at batch 1 and 16.
   weights  a model loaded tensor by tensor: held / tensor bytes (cuvmm: the "weights" pool's held).
   sleep    cuvmm.torch.sleep/wake of the weights (first and second time) against a plain pinned copy of the
-           same bytes in the same process.
+           same bytes in the same process; again with cuvmm.torch.sleep_prepare() before the first sleep
+           (mode cuvmm-prepared, its time in prepare_s).
 """
 import argparse
 import json
@@ -73,12 +74,15 @@ def build(torch, name):
 
 def child(args):
     mode, scenario = args.mode, args.scenario
+    prepared = mode == "cuvmm-prepared"  # sleep: cuvmm.torch.sleep_prepare() before the first sleep
+    out = {"mode": mode, "scenario": scenario}
+    if prepared:
+        mode = "cuvmm"
     if mode == "cuvmm":
         import cuvmm.torch
         cuvmm.torch.enable()
     import torch
     import gc
-    out = {"mode": mode, "scenario": scenario}
     torch.cuda.init()
     _ = torch.ones(1, device="cuda") @ torch.ones(1, 1, device="cuda")  # context and cuBLAS up
     out["baseline"] = held_bytes(torch)
@@ -173,6 +177,11 @@ def child(args):
             out["held"] = torch.cuda.memory_reserved()
         out["ratio"] = out["held"] / tensor_bytes
         if scenario == "sleep" and mode == "cuvmm":
+            if prepared:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                cuvmm.torch.sleep_prepare("weights")
+                out["prepare_s"] = time.perf_counter() - t0
             for i in range(2):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -218,7 +227,7 @@ def run_one(mode, scenario, model, timeout=600):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", default="stock", choices=["stock", "expandable", "cuvmm"])
+    ap.add_argument("--mode", default="stock", choices=["stock", "expandable", "cuvmm", "cuvmm-prepared"])
     ap.add_argument("--scenario", default="rounds", choices=["rounds", "chat", "speed", "weights", "sleep"])
     ap.add_argument("--model", default="qwen2-1.5b", choices=sorted(MODELS))
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each scenario (default 2)")
@@ -231,7 +240,7 @@ def main():
     results = []
     for scen in args.scenarios.split(","):
         models = sorted(MODELS) if scen == "weights" else [args.model]
-        modes = {"speed": ["stock", "cuvmm"], "weights": ["stock", "cuvmm"], "sleep": ["cuvmm"]}.get(
+        modes = {"speed": ["stock", "cuvmm"], "weights": ["stock", "cuvmm"], "sleep": ["cuvmm", "cuvmm-prepared"]}.get(
             scen, ["stock", "expandable", "cuvmm"])
         for model in models:
             for rep in range(args.reps if scen != "sleep" else 1):

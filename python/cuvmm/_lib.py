@@ -146,6 +146,8 @@ PROTOTYPES = {
     "cuvmm_region_wake": (c_int, [c_void_p, CUstream]),
     "cuvmm_pool_sleep": (c_int, [c_void_p, c_enum, CUstream]),
     "cuvmm_pool_wake": (c_int, [c_void_p, CUstream]),
+    "cuvmm_pool_sleep_prepare": (c_int, [c_void_p, c_size_t]),
+    "cuvmm_region_sleep_prepare": (c_int, [c_void_p, c_size_t]),
     "cuvmm_ctx_inject_fault": (c_int, [c_void_p, c_enum, c_uint64, c_uint32, c_int]),
     "cuvmm_ctx_call_count": (c_uint64, [c_void_p, c_enum]),
     "cuvmm_call_name": (c_char_p, [c_enum]),

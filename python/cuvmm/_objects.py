@@ -438,6 +438,11 @@ class Pool(_Child):
         """Map every allocation again at its address (with its contents after an offloading sleep)."""
         self._call(lib.cuvmm_pool_wake, _stream(stream))
 
+    def sleep_prepare(self, nbytes=0):
+        """Pin the host copy of the next offloading sleep now (0: what a sleep would copy now), so that the
+        sleep runs at the speed of the copy; kept until a sleep uses it or trim gives it back."""
+        self._call(lib.cuvmm_pool_sleep_prepare, nbytes)
+
     def __repr__(self):
         return "<cuvmm.Pool %r device=%d%s>" % (self.name, self.device, " closed" if self.closed else "")
 
@@ -482,6 +487,10 @@ class Region(_Child):
 
     def wake(self, stream=0):
         self._call(lib.cuvmm_region_wake, _stream(stream))
+
+    def sleep_prepare(self, nbytes=0):
+        """Pin the host copy of the next offloading sleep now (0: the mapped bytes)."""
+        self._call(lib.cuvmm_region_sleep_prepare, nbytes)
 
     def __repr__(self):
         if self.closed:

@@ -394,6 +394,23 @@ class TestPool(unittest.TestCase):
             self.assertEqual(c.live_bytes, s.live_bytes)
         self.assertGreater(self.ctx.stats(0).map_calls, 0)
 
+    def test_sleep_prepare(self):
+        p = self.pool.malloc(5 * MiB)
+        if HOST:
+            poke(p + MiB, pattern(3, 4096))
+        regs = self.ctx.call_count("host_register")
+        self.pool.sleep_prepare()
+        self.assertGreater(self.ctx.call_count("host_register"), regs)
+        regs = self.ctx.call_count("host_register")
+        self.pool.sleep()
+        self.assertEqual(self.ctx.call_count("host_register"), regs)  # the prepared copy served it
+        with self.assertRaises(cuvmm.StateError):
+            self.pool.sleep_prepare()
+        self.pool.wake()
+        if HOST:
+            self.assertEqual(peek(p + MiB, 4096), pattern(3, 4096))
+        self.pool.free(p)
+
     def test_coarse_bytes(self):
         # 64 MiB allocations: one handle each with coarse_bytes, one per 2 MiB granule without (packed).
         for coarse, handles in ((64 * MiB, 1), (0, 32)):

@@ -243,6 +243,7 @@ def test_named_pool_sleep_wake_keeps_graphs_and_tokens():
             with torch.cuda.graph(g):
                 y = lin(x)
         held0 = cuvmm.torch.stats()['reserved_bytes']
+        cuvmm.torch.sleep_prepare('weights')  # the sleep copies into memory pinned now
         cuvmm.torch.sleep('weights', offload=True)
         held1 = cuvmm.torch.stats()['reserved_bytes']
         assert held1 < held0, (held0, held1)

@@ -21,7 +21,7 @@ import threading
 
 from .. import _lib, _objects
 
-__all__ = ["enable", "enabled", "stats", "trim", "pool", "sleep", "wake", "graph_pools"]
+__all__ = ["enable", "enabled", "stats", "trim", "pool", "sleep", "sleep_prepare", "wake", "graph_pools"]
 
 _enabled = False
 _lock = threading.Lock()
@@ -369,6 +369,18 @@ def sleep(name, offload=True, device=None):
         for p in done:
             lib.cuvmm_pool_wake(p, None)
         raise
+
+
+def sleep_prepare(name, device=None):
+    """Pin the host memory that the next sleep(name) will copy into, now (while the GPU still serves), so
+    that the sleep runs at the speed of the copy instead of waiting for fresh host memory: about 0.35 s for
+    8 GiB on 16 cores, where the copy takes 0.16 s. Costs that much pinned host memory until the sleep uses
+    it (and keeps it for the next one) or the pool is trimmed."""
+    if not _enabled:
+        raise RuntimeError("cuvmm.torch.sleep_prepare(): call cuvmm.torch.enable() first")
+    lib = _c()
+    for p in _named(name, device):
+        _check("cuvmm_pool_sleep_prepare", lib.cuvmm_pool_sleep_prepare(p, 0))
 
 
 def wake(name, device=None):
