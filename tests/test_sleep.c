@@ -1225,6 +1225,87 @@ START_TEST(test_prepare_pool)
 END_TEST
 
 /*
+ * A sleep with its host copy pinned already (kept by a wake) queues every copy first and unmaps each chunk
+ * once the event after its copy has passed (region_sleep.c, struct copy_marks): pin_region's 68 chunks, 3
+ * pieces, 3 marks. Each case fails calls of one kind: a copy (before any unmap: the region awake and
+ * intact), an unmap between marks (the ones before mapped back: awake and intact), the events (the sleep
+ * falls back to synchronising the stream and succeeds), and an unmap refused with its map back refused too
+ * (the sleep goes forward, after every copy, as without the overlap). Contents come back in every case.
+ */
+static const struct {
+	enum cuvmm_call call;
+	uint64_t skip;
+	uint32_t count;
+	int want;          /* what the sleep returns */
+	bool map_back_refused;
+} kept_faults[] = {
+	{CUVMM_CALL_COPY, 0, 1, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_COPY, 2, 1, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_COPY, 3, 1, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_UNMAP, 0, 1, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_UNMAP, 31, 1, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_UNMAP, 67, 1, CUVMM_EDRIVER, false},
+	{CUVMM_CALL_EVENT_SYNC, 0, UINT32_MAX, CUVMM_OK, false},
+	{CUVMM_CALL_EVENT_SYNC, 1, 1, CUVMM_OK, false},
+	{CUVMM_CALL_EVENT_CREATE, 0, UINT32_MAX, CUVMM_OK, false},
+	{CUVMM_CALL_EVENT_RECORD, 1, UINT32_MAX, CUVMM_OK, false},
+	{CUVMM_CALL_UNMAP, 40, UINT32_MAX, CUVMM_OK, true},
+};
+#define KEPT_FAULT_CASES ((int)(sizeof(kept_faults) / sizeof(kept_faults[0])))
+
+START_TEST(test_fault_sleep_kept_copy)
+{
+	const enum cuvmm_call call = kept_faults[_i].call;
+	struct cuvmm_ctx *ctx = ctx_with(-1);
+	struct cuvmm_region *r;
+	struct tc_snap before, after;
+	uint64_t calls, regs;
+	char what[96];
+	int got;
+
+	snprintf(what, sizeof(what), "%s failing after %llu calls in a sleep on a kept copy%s", cuvmm_call_name(call),
+		 (unsigned long long)kept_faults[_i].skip, kept_faults[_i].map_back_refused ? ", map back refused" : "");
+	r = pin_region(ctx, 51);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK); /* (drops the kept copy: prepare again) */
+	ck_assert_int_eq(cuvmm_region_sleep_prepare(r, 0), CUVMM_OK);
+	fill_g(r, 0, 20, 52);
+	fill_g(r, 22, 48, 52);
+	before = tc_snap_take(ctx, r);
+	calls = cuvmm_ctx_call_count(ctx, call);
+	regs = cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, kept_faults[_i].skip, kept_faults[_i].count, CUVMM_EDRIVER),
+			 CUVMM_OK);
+	if (kept_faults[_i].map_back_refused)
+		ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 0, 1, CUVMM_EDRIVER), CUVMM_OK);
+	tc_log_capture(CUVMM_LOG_ERROR);
+	got = cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, call, 0, 0, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_inject_fault(ctx, CUVMM_CALL_MAP, 0, 0, CUVMM_EDRIVER), CUVMM_OK);
+	ck_assert_msg(got == kept_faults[_i].want, "%s: returned %s", what, cuvmm_err_name(got));
+	ck_assert_msg(cuvmm_ctx_call_count(ctx, call) > calls + kept_faults[_i].skip, "%s: the call was not reached", what);
+	ck_assert_msg(cuvmm_ctx_call_count(ctx, CUVMM_CALL_HOST_REGISTER) == regs, "%s: the kept copy was not used", what);
+	if (got == CUVMM_OK) {
+		ck_assert_int_eq(cuvmm_region_map(r, 0, G), CUVMM_ESTATE); /* asleep */
+		ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	} else {
+		after = tc_snap_take(ctx, r);
+		tc_snap_expect_same(&before, &after, what, false);
+	}
+	ck_assert_msg(pin_check(r, 52) == 0, "%s: contents lost", what);
+	/* And it sleeps and wakes again, with nothing failing. */
+	ck_assert_int_eq(cuvmm_ctx_trim(ctx, -1, 0), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_sleep(r, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_region_wake(r, NULL), CUVMM_OK);
+	ck_assert_uint_eq(pin_check(r, 52), 0);
+	cuvmm_region_destroy(r);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).mapped_bytes, 0);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
+/*
  * Wake failing: CREATE, MAP, SET_ACCESS (first, second, sixth, last chunk) and COPY (first, second, last
  * piece). The region stays asleep with nothing of it mapped and its host copy intact: the next wake restores
  * everything. _i < 12: OFFLOAD; the last cases: DISCARD.
@@ -1509,6 +1590,7 @@ static Suite *sleep_suite(void)
 	tcase_add_loop_test(tc, test_prepare_region, 0, 2);
 	tcase_add_loop_test(tc, test_prepare_faults, 0, 6);
 	tcase_add_test(tc, test_prepare_pool);
+	tcase_add_loop_test(tc, test_fault_sleep_kept_copy, 0, KEPT_FAULT_CASES);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("gpu");
