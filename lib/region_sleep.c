@@ -318,7 +318,8 @@ struct copy_marks {
 	cvm_event *ev;
 	size_t *end;   /* host offset up to which the copies are done once ev[i] is */
 	size_t n, cap;
-	size_t next;   /* ev[0 .. next) are known complete */
+	size_t next;   /* the first mark that may still be needed (the earlier ones end before what was asked) */
+	size_t done;   /* ev[0 .. done) are known complete */
 	bool all;      /* every copy is known complete (a stream synchronisation) */
 };
 
@@ -366,12 +367,14 @@ static void marks_add(struct cvm_drv_dev *d, struct copy_marks *m, size_t end, C
 static int marks_wait(struct cvm_drv_dev *d, struct copy_marks *m, size_t end, CUstream stream)
 {
 	while (!m->all && m->next < m->n && m->end[m->next] < end)
-		m->next++; /* passed by a later mark: the copies run in order on one stream */
-	if (m->all)
+		m->next++; /* a later mark covers it: the copies run in order on one stream */
+	if (m->all || m->next < m->done)
 		return CUVMM_OK;
 	if (m->next < m->n && m->end[m->next] >= end && end != SIZE_MAX &&
-	    !cvm_drv_event_sync(d, m->ev[m->next]))
+	    !cvm_drv_event_sync(d, m->ev[m->next])) {
+		m->done = m->next + 1;
 		return CUVMM_OK;
+	}
 	if (cvm_drv_stream_sync(d, stream))
 		return CUVMM_EDRIVER;
 	m->all = true;

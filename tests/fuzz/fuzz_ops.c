@@ -2,7 +2,8 @@
  * libFuzzer harness (issue #9): operation sequences over every object of one host-backend context, with
  * single and double faults injected into the driver calls, against a shadow model.
  *
- * The input is a byte string read as a program: a header (device limit, release delay, kv block size), then
+ * The input is a byte string read as a program: a header (device limit, release delay, kv block size; without
+ * a limit, bit 7 picks mode 2: a pool with coarse_bytes of 1-8 granules and sleep_prepare calls), then
  * one opcode byte and its argument bytes per step. The objects: a region in granules, a region mapped in
  * units of 4 granules, a pool, a kv object of 2 tensors. The model keeps what the API promises:
  *   - which granules of each region are mapped (live), and a tag written at both ends of each, which must
@@ -109,6 +110,7 @@ struct model {
 	uint64_t kv_tag[KV_BLOCKS];
 	uint64_t next_tag;
 	bool faults;     /* some fault may be armed */
+	bool mode2;      /* header bit 7 without a device limit: a pool with coarse_bytes, and sleep_prepare ops */
 };
 
 static void put_tag(char *p, size_t size, uint64_t tag)
@@ -300,7 +302,14 @@ static void op_region(struct model *m, struct input *in, int op)
 		}
 		return;
 	}
-	default: /* wake */
+	default: /* wake; in mode 2, every other one a prepare */
+		if (m->mode2 && (a & 1)) {
+			err = cuvmm_region_sleep_prepare(g->r, (size_t)u8(in) * GRAN / 4);
+			CHECK(code_ok(err, false), "region sleep_prepare: %s", cuvmm_err_name(err));
+			CHECK(!g->asleep || err == CUVMM_ESTATE, "prepare of a sleeping region: %s", cuvmm_err_name(err));
+			CHECK(g->asleep || err != CUVMM_ESTATE, "prepare of an awake region: ESTATE");
+			return;
+		}
 		err = cuvmm_region_wake(g->r, u8(in) & 1 ? STREAM : NULL);
 		CHECK(code_ok(err, false), "region wake: %s", cuvmm_err_name(err));
 		CHECK(g->asleep || err == CUVMM_ESTATE, "wake of an awake region: %s", cuvmm_err_name(err));
@@ -375,10 +384,15 @@ static void op_free(struct model *m, struct input *in)
 
 static void op_pool_misc(struct model *m, struct input *in)
 {
-	uint8_t what = u8(in) % 3;
+	uint8_t what = u8(in) % (m->mode2 ? 4 : 3);
 	int err;
 
-	if (what == 0) {
+	if (what == 3) {
+		err = cuvmm_pool_sleep_prepare(m->pool, (size_t)u8(in) * GRAN / 4);
+		CHECK(code_ok(err, false), "pool sleep_prepare: %s", cuvmm_err_name(err));
+		CHECK(!m->pool_asleep || err == CUVMM_ESTATE, "prepare of a sleeping pool: %s", cuvmm_err_name(err));
+		CHECK(m->pool_asleep || err != CUVMM_ESTATE, "prepare of an awake pool: ESTATE");
+	} else if (what == 0) {
 		err = cuvmm_pool_trim(m->pool, (size_t)u8(in) * GRAN);
 		CHECK(err == (m->pool_asleep ? CUVMM_ESTATE : CUVMM_OK), "pool trim: %s", cuvmm_err_name(err));
 	} else if (what == 1) {
@@ -518,6 +532,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	m->reg[1].units = X_UNITS;
 	cuvmm_pool_config_init(&pc);
 	pc.max_bytes = P_PAGES * GRAN;
+	m->mode2 = !(h & 2) && (h & 0x80);
+	if (m->mode2)
+		pc.coarse_bytes = (1 + ((h >> 2) & 7)) * GRAN;
 	CHECK(cuvmm_pool_create(m->ctx, &pc, &m->pool) == CUVMM_OK, "pool create");
 	cuvmm_kv_config_init(&kc);
 	m->block_bytes = kc.block_bytes = block_sizes[u8(&in) % 4];
