@@ -584,10 +584,12 @@ CUVMM_API int cuvmm_free_async(struct cuvmm_pool *pool, void *ptr, CUstream stre
  * Give the pool's free memory back now, keeping about @p keep_bytes of free memory in all: free memory
  * stays mapped in the pool in whole runs up to @p keep_bytes, and the device's cached chunks are released
  * beyond what that leaves of @p keep_bytes. Synchronises the device first, without holding the pool's
- * lock.
+ * lock. The pinned host copy kept for the pool's next sleep (cuvmm_pool_wake(), cuvmm_pool_sleep_prepare())
+ * is given back too.
  * @param[in] pool the pool
  * @param[in] keep_bytes free memory to keep mapped
- * @return CUVMM_OK, or CUVMM_EINVAL for a NULL pool
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL pool; CUVMM_ESTATE while it sleeps (cuvmm_ctx_trim() still gives
+ *         back a host copy kept for its next sleep)
  */
 CUVMM_API int cuvmm_pool_trim(struct cuvmm_pool *pool, size_t keep_bytes);
 
@@ -739,7 +741,9 @@ enum cuvmm_sleep_mode {
  * undo it refused too) cannot be undone: the sleep then completes instead and returns CUVMM_OK (the
  * contents are in the host copy), and chunks whose unmap is refused stay quarantined at their addresses
  * (counted in held and mapped, without access) until a later pass unmaps them or the wake takes them
- * back.
+ * back. (The same holds when the device fails the copies after some chunks were unmapped behind them
+ * and mapping those back is refused; if the copies cannot be completed then, the context is lost and an
+ * error is logged: contents not copied are lost.)
  * @param[in] r the region
  * @param[in] mode OFFLOAD or DISCARD
  * @param[in] stream the work that must complete before the contents are copied or dropped; NULL: all
@@ -773,10 +777,11 @@ CUVMM_API int cuvmm_region_wake(struct cuvmm_region *r, CUstream stream);
  * the region stays usable meanwhile; the calling thread waits for it. The copy is kept as a wake keeps one:
  * until a sleep uses it (and its wake keeps it again), or cuvmm_ctx_trim(), cuvmm_region_destroy() give it
  * back. A copy already kept that is at least @p bytes is kept as it is; a smaller one is replaced.
- * A sleep that finds the copy too small (the region grew) pins a new one, as without this call.
+ * A sleep that finds the copy too small (the region grew) pins a new one, as without this call. While a
+ * larger copy replaces a smaller one, both count against $CUVMM_SLEEP_HOST_LIMIT.
  * @param[in] r the region
- * @param[in] bytes size of the host copy; 0: what the region maps now
- * @return CUVMM_OK; CUVMM_EINVAL for a NULL region; CUVMM_ESTATE if it sleeps (or was put to sleep
+ * @param[in] bytes size of the host copy, at most the region's size; 0: what the region maps now
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL region or @p bytes above its size; CUVMM_ESTATE if it sleeps (or was put to sleep
  *         meanwhile); CUVMM_ENOMEM if the host memory cannot be had (or would pass $CUVMM_SLEEP_HOST_LIMIT);
  *         CUVMM_EDRIVER if the pinning failed. On failure no new copy is kept.
  */
@@ -812,8 +817,8 @@ CUVMM_API int cuvmm_pool_wake(struct cuvmm_pool *pool, CUstream stream);
  * Pin the host copy of a pool's next OFFLOAD sleep now: cuvmm_region_sleep_prepare() for a pool (allocating
  * and freeing go on meanwhile). cuvmm_pool_trim() gives the copy back too.
  * @param[in] pool the pool
- * @param[in] bytes size of the host copy; 0: what a sleep would copy now (the pool's mapped memory less its
- *            free memory)
+ * @param[in] bytes size of the host copy, at most the pool's reserved size; 0: what a sleep would copy now
+ *            (the pool's mapped memory less its free memory)
  * @return as cuvmm_region_sleep_prepare()
  */
 CUVMM_API int cuvmm_pool_sleep_prepare(struct cuvmm_pool *pool, size_t bytes);

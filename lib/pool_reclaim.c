@@ -362,7 +362,8 @@ uint64_t cvm_pool_reclaim(struct cvm_client *c, uint64_t now, bool force)
 	else if (pthread_mutex_trylock(&p->r.lock))
 		return now + CVM_FENCE_POLL_NS;
 	next = cvm_region_asleep(&p->r) ? UINT64_MAX : reclaim_locked(p, now, force, 0);
-	if (force && !cvm_region_asleep(&p->r))
+	/* (asleep too: the copy kept for a next sleep is not the sleeping record's, e.g. after a DISCARD sleep) */
+	if (force)
 		cvm_region_host_drop(&p->r);
 	cap = cvm_slack_cap(p);
 	free_bytes = p->free_bytes;

@@ -80,6 +80,9 @@ static int pinned_map(size_t bytes, struct cvm_pinned **out)
 	struct cvm_pinned *h;
 	char *m;
 
+	/* (a size no host could map: refused before any arithmetic on it wraps) */
+	if (bytes > SIZE_MAX / 2)
+		return CUVMM_ENOMEM;
 	len = (bytes + page - 1) / page * page;
 	if (atomic_fetch_add(&pinned_total, len) + len > limit && limit) {
 		atomic_fetch_sub(&pinned_total, len);
@@ -458,7 +461,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 	struct cvm_region_sleep *z;
 	struct copy_marks marks = {0};
 	uint64_t t0 = cvm_now_ns(), t_copy, t_unmap;
-	size_t off = 0;
+	size_t off = 0, reused_bytes = 0;
 	bool pinned_new = false, overlap = false;
 	int err;
 
@@ -508,6 +511,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 
 		if (z->keep && z->keep_bytes >= s->host_bytes) {
 			s->host = z->keep;
+			reused_bytes = z->keep_bytes;
 			z->keep = NULL;
 			z->keep_bytes = 0;
 		} else {
@@ -538,27 +542,28 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		if (overlap && marks_wait(d, &marks, off, stream)) {
 			/* The copies failed (the context is likely lost): map back what was unmapped, whose
 			 * contents were copied, and fail as a failed copy does. */
-			err = CUVMM_EDRIVER;
-			if (remap_kept(r, s, kept, i))
+			if (remap_kept(r, s, kept, i)) {
+				err = CUVMM_EDRIVER;
 				goto fail;
-			cvm_err("sleep: a copy failed and %zu chunks unmapped after their copy could not all be "
-				"mapped back", i);
-			goto fail;
-		}
-		if (!cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]))
-			continue;
-		/* Refused: map back what was unmapped, and the region is awake and intact. */
-		if (remap_kept(r, s, kept, i)) {
-			err = CUVMM_EDRIVER;
-			goto fail;
+			}
+			/* A map back refused too: those contents are in the host copy alone, and the region must
+			 * not be left awake with holes. Go forward, as below. */
+		} else {
+			if (!cvm_region_chunk_unmap_locked(r, s->chunks[i].g, &kept[i]))
+				continue;
+			/* Refused: map back what was unmapped, and the region is awake and intact. */
+			if (remap_kept(r, s, kept, i)) {
+				err = CUVMM_EDRIVER;
+				goto fail;
+			}
 		}
 		/* A map back was refused too: those contents are in the host copy alone (or were to be dropped),
 		 * so the sleep goes forward instead, once every copy is done. Chunks whose unmap is refused stay
 		 * quarantined at their granules, counted held, until a pass unmaps them or the wake takes them
 		 * back. */
 		if (overlap && marks_wait(d, &marks, SIZE_MAX, stream))
-			cvm_err("sleep: going forward after a refused unmap and map back, but the copies failed: "
-				"contents after granule %zu may be lost", s->chunks[i].g);
+			cvm_err("sleep: going forward after a refused map back, but the copies failed: contents "
+				"from granule %zu on may be lost", s->chunks[i].g);
 		for (size_t k = 0; k < s->nchunks; k++) {
 			size_t g = s->chunks[k].g;
 
@@ -596,6 +601,12 @@ fail:
 	if (marks.n)
 		cvm_drv_stream_sync(d, stream); /* (the copies read into s->host) */
 	marks_free(d, &marks);
+	if (reused_bytes && s->host && !z->keep) {
+		/* A kept (or prepared) copy goes back to being kept: the next sleep needs no new pinning. */
+		z->keep = s->host;
+		z->keep_bytes = reused_bytes;
+		s->host = NULL;
+	}
 	pinned_free(d, s->host);
 	free(kept);
 	free(s->chunks);
@@ -760,6 +771,8 @@ int cvm_region_sleep_prepare(struct cuvmm_region *r, size_t bytes)
 	bool have;
 	int err = CUVMM_OK;
 
+	if (bytes > r->size)
+		return CUVMM_EINVAL; /* more than the region can ever map */
 	pthread_mutex_lock(&r->lock);
 	if (cvm_region_asleep(r))
 		err = CUVMM_ESTATE;
