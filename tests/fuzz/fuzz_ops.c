@@ -304,7 +304,13 @@ static void op_region(struct model *m, struct input *in, int op)
 	}
 	default: /* wake; in mode 2, every other one a prepare */
 		if (m->mode2 && (a & 1)) {
-			err = cuvmm_region_sleep_prepare(g->r, (size_t)u8(in) * GRAN / 4);
+			size_t bytes = (size_t)u8(in) * GRAN / 4;
+
+			err = cuvmm_region_sleep_prepare(g->r, bytes);
+			if (bytes > g->units * g->gran) {
+				CHECK(err == CUVMM_EINVAL, "region sleep_prepare beyond its size: %s", cuvmm_err_name(err));
+				return;
+			}
 			CHECK(code_ok(err, false), "region sleep_prepare: %s", cuvmm_err_name(err));
 			CHECK(!g->asleep || err == CUVMM_ESTATE, "prepare of a sleeping region: %s", cuvmm_err_name(err));
 			CHECK(g->asleep || err != CUVMM_ESTATE, "prepare of an awake region: ESTATE");
