@@ -348,11 +348,6 @@ int cuvmm_pool_stats(struct cuvmm_pool *p, struct cuvmm_stats *out)
 	return CUVMM_OK;
 }
 
-/*
- * Sleep: synchronise the device (memory freed without a stream may still be in use, and stream frees
- * settle), give the free memory back, then sleep the region under the allocations. The lock is held
- * throughout: the pool is unusable while it goes to sleep anyway.
- */
 int cuvmm_pool_sleep_prepare(struct cuvmm_pool *p, size_t bytes)
 {
 	if (!p)
@@ -367,6 +362,11 @@ int cuvmm_pool_sleep_prepare(struct cuvmm_pool *p, size_t bytes)
 	return cvm_region_sleep_prepare(&p->r, bytes);
 }
 
+/*
+ * Sleep: synchronise the device (memory freed without a stream may still be in use, and stream frees
+ * settle), give the free memory back, then sleep the region under the allocations. The lock is held
+ * throughout: the pool is unusable while it goes to sleep anyway.
+ */
 int cuvmm_pool_sleep(struct cuvmm_pool *p, enum cuvmm_sleep_mode mode, CUstream stream)
 {
 	struct cvm_run *run, *next;

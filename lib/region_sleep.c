@@ -296,9 +296,23 @@ struct cvm_sleep {
 /* What sleep keeps in a region (r->zzz), made at its first sleep and freed with the region. */
 struct cvm_region_sleep {
 	struct cvm_sleep *rec;   /* non-NULL while asleep */
-	struct cvm_pinned *keep; /* pinned host copy kept after a wake for the next sleep */
+	struct cvm_pinned *keep; /* pinned host copy kept for the next sleep (by a wake, or prepared) */
 	size_t keep_bytes;
 };
+
+/* Is a pinned host copy of at least `bytes` kept for the next sleep? */
+static bool keep_fits(const struct cuvmm_region *r, size_t bytes)
+{
+	return r->zzz && r->zzz->keep && r->zzz->keep_bytes >= bytes;
+}
+
+/* Keep host copy h (`bytes` long) for the next sleep, in place of one kept before (r->zzz exists). */
+static void keep_set(struct cuvmm_region *r, struct cvm_pinned *h, size_t bytes)
+{
+	cvm_region_host_drop(r);
+	r->zzz->keep = h;
+	r->zzz->keep_bytes = bytes;
+}
 
 bool cvm_region_asleep(const struct cuvmm_region *r)
 {
@@ -509,7 +523,7 @@ int cvm_region_sleep_locked(struct cuvmm_region *r, enum cuvmm_sleep_mode mode, 
 		 * pinned buffer an earlier wake kept, if it is large enough. */
 		struct pin_job *pin = NULL;
 
-		if (z->keep && z->keep_bytes >= s->host_bytes) {
+		if (keep_fits(r, s->host_bytes)) {
 			s->host = z->keep;
 			reused_bytes = z->keep_bytes;
 			z->keep = NULL;
@@ -603,8 +617,7 @@ fail:
 	marks_free(d, &marks);
 	if (reused_bytes && s->host && !z->keep) {
 		/* A kept (or prepared) copy goes back to being kept: the next sleep needs no new pinning. */
-		z->keep = s->host;
-		z->keep_bytes = reused_bytes;
+		keep_set(r, s->host, reused_bytes);
 		s->host = NULL;
 	}
 	pinned_free(d, s->host);
@@ -697,8 +710,7 @@ int cvm_region_wake_locked(struct cuvmm_region *r, CUstream stream)
 		if (err)
 			goto undo; /* i == nchunks: all of them */
 		/* Kept, pinned, for the next sleep; trim and destroy give it back. */
-		r->zzz->keep = s->host;
-		r->zzz->keep_bytes = s->host_bytes;
+		keep_set(r, s->host, s->host_bytes);
 	}
 	free(s->chunks);
 	free(s);
@@ -776,7 +788,7 @@ int cvm_region_sleep_prepare(struct cuvmm_region *r, size_t bytes)
 	pthread_mutex_lock(&r->lock);
 	if (cvm_region_asleep(r))
 		err = CUVMM_ESTATE;
-	have = !bytes || (r->zzz && r->zzz->keep && r->zzz->keep_bytes >= bytes);
+	have = !bytes || keep_fits(r, bytes);
 	pthread_mutex_unlock(&r->lock);
 	if (err || have)
 		return err;
@@ -797,12 +809,10 @@ int cvm_region_sleep_prepare(struct cuvmm_region *r, size_t bytes)
 		/* (asleep: put to sleep meanwhile, on a copy of its own; its wake keeps that one) */
 		err = r->zzz ? CUVMM_ESTATE : CUVMM_ENOMEM;
 		pinned_free(d, h);
-	} else if (r->zzz->keep && r->zzz->keep_bytes >= bytes) {
+	} else if (keep_fits(r, bytes)) {
 		pinned_free(d, h); /* another call kept one as large meanwhile */
 	} else {
-		cvm_region_host_drop(r);
-		r->zzz->keep = h;
-		r->zzz->keep_bytes = bytes;
+		keep_set(r, h, bytes);
 	}
 	pthread_mutex_unlock(&r->lock);
 	return err;
