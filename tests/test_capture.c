@@ -158,6 +158,46 @@ START_TEST(test_capture_survives)
 }
 END_TEST
 
+/*
+ * The calls added for issue #11 while a capture in global mode is under way on this thread's stream: a
+ * sleep_prepare pins host memory (cuMemHostRegister, on the pinning threads) and a pool with coarse_bytes
+ * maps fresh large handles for an allocation made outside the capture. Neither may invalidate the capture.
+ */
+START_TEST(test_capture_survives_prepare_and_coarse)
+{
+	struct cuvmm_ctx *ctx = ctx_delay(-1);
+	struct cuvmm_pool *p = pool_new(ctx), *coarse;
+	struct cuvmm_pool_config pc;
+	CUstream s = new_stream();
+	void *a, *big;
+	struct cap cp;
+
+	cuvmm_pool_config_init(&pc);
+	pc.max_bytes = 1ull << 30;
+	pc.name = "coarse";
+	pc.coarse_bytes = 32 * MiB;
+	ck_assert_int_eq(cuvmm_pool_create(ctx, &pc, &coarse), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(p, 96 * MiB, &a), CUVMM_OK);
+	cap_begin(&cp, s);
+	ck_assert_int_eq(cuvmm_pool_sleep_prepare(p, 0), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_malloc(coarse, 64 * MiB, &big), CUVMM_OK);
+	ck_assert_int_eq(tc_fill_async(a, 96 * MiB / 4, 0x77, 1, s), 0);
+	cap_end(&cp);
+	cap_replay(&cp);
+	ck_assert_uint_eq(tc_check(a, 96 * MiB / 4, 0x77), 0);
+	cap_destroy(&cp);
+	ck_assert_int_eq(cuvmm_pool_sleep(p, CUVMM_SLEEP_OFFLOAD, NULL), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_pool_wake(p, NULL), CUVMM_OK);
+	ck_assert_uint_eq(tc_check(a, 96 * MiB / 4, 0x77), 0);
+	ck_assert_int_eq(cuvmm_free(p, a), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(coarse, big), CUVMM_OK);
+	cuvmm_pool_destroy(coarse);
+	cuvmm_pool_destroy(p);
+	del_stream(s);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* Graph memory is not handed out outside its graph pool, nor given back, until the pool is released. */
 START_TEST(test_graph_memory_kept)
 {
@@ -396,6 +436,7 @@ static Suite *suite(void)
 
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_capture_survives);
+	tcase_add_test(tc, test_capture_survives_prepare_and_coarse);
 	tcase_add_test(tc, test_graph_memory_kept);
 	tcase_add_test(tc, test_shared_graph_pool);
 	tcase_add_test(tc, test_capture_refusals);
