@@ -965,6 +965,20 @@ CUVMM_API int cuvmm_torch_record_stream(void *ptr, void *stream);
 CUVMM_API int cuvmm_torch_use_pool(const char *name);
 
 /**
+ * Configure the pools named @p name before their first use: each one created later (one per device) takes
+ * @p cfg's max_bytes, peer_access and coarse_bytes, e.g. coarse_bytes for a pool that holds a model's
+ * weights, so that its sleep and trim make few driver calls. Errors in those values show when a pool is
+ * created (cuvmm_torch_pool() returns them; an allocation gets NULL and logs them).
+ * @param[in] name as for cuvmm_torch_use_pool()
+ * @param[in] cfg the configuration, its size field set (cuvmm_pool_config_init()); its device and name are
+ *            ignored. Copied: a later call replaces it
+ * @return CUVMM_OK; CUVMM_EINVAL for a NULL @p cfg, a bad size field or a name too long; CUVMM_ESTATE when a
+ *         pool of @p name exists already, on any device (nothing changes); CUVMM_ENOSPC when 15 names are
+ *         in use already
+ */
+CUVMM_API int cuvmm_torch_pool_configure(const char *name, const struct cuvmm_pool_config *cfg);
+
+/**
  * The pool of @p name on @p device, created if needed (for its statistics, sleep and wake).
  * @param[in] name as for cuvmm_torch_use_pool()
  * @param[in] device the device

@@ -35,9 +35,24 @@ static void pool_client_stats(struct cvm_client *c, struct cuvmm_stats *out, con
 
 static const struct cvm_client_ops pool_ops = {.reclaim = cvm_pool_reclaim, .stats = pool_client_stats, .kind = "pool"};
 
-int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg, struct cuvmm_pool **out)
+int cvm_pool_config_read(const struct cuvmm_pool_config *in, struct cuvmm_pool_config *out)
 {
-	struct cuvmm_pool_config defaults;
+	/* A config of a header before coarse_bytes (its size ends where that field begins) gets its default. */
+	size_t old = offsetof(struct cuvmm_pool_config, coarse_bytes);
+
+	cuvmm_pool_config_init(out);
+	if (!in)
+		return CUVMM_OK;
+	if (in->size != old && in->size < sizeof(*in))
+		return CUVMM_EINVAL;
+	memcpy(out, in, in->size == old ? old : sizeof(*out));
+	out->size = sizeof(*out);
+	return CUVMM_OK;
+}
+
+int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *user, struct cuvmm_pool **out)
+{
+	struct cuvmm_pool_config c, *cfg = &c;
 	struct cuvmm_pool *p;
 	struct cvm_dev *dev;
 	struct cvm_run *va;
@@ -46,14 +61,10 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *cfg
 
 	if (!ctx || !out)
 		return CUVMM_EINVAL;
-	if (!cfg) {
-		cuvmm_pool_config_init(&defaults);
-		cfg = &defaults;
-	}
-	/* A config of a header before coarse_bytes (its size ends where that field begins) gets its default. */
-	if (cfg->size != offsetof(struct cuvmm_pool_config, coarse_bytes) && cfg->size < sizeof(*cfg))
-		return CUVMM_EINVAL;
-	coarse = cfg->size >= sizeof(*cfg) ? cfg->coarse_bytes : 0;
+	err = cvm_pool_config_read(user, &c);
+	if (err)
+		return err;
+	coarse = cfg->coarse_bytes;
 	err = cvm_ctx_dev(ctx, cfg->device, &dev);
 	if (err)
 		return err;

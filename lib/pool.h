@@ -90,4 +90,10 @@ struct cuvmm_pool {
 	unsigned going;                /* GOING runs: the reclaim pass is unmapping them without the lock */
 };
 
+/* The caller's config as this library's struct, its defaults where it has none: NULL gives the defaults, and
+ * a config of an older header (its size the offset of a later field) gets that field's default. The size
+ * rule of cuvmm_pool_create(), for the layers that keep a config to create pools later (torch.c).
+ * Returns CUVMM_EINVAL for a size no header had. */
+int cvm_pool_config_read(const struct cuvmm_pool_config *in, struct cuvmm_pool_config *out);
+
 #endif /* CVM_POOL_H */

@@ -36,6 +36,8 @@ static struct {
 	struct cuvmm_ctx *_Atomic ctx;
 	char names[CVM_TORCH_MAX_NAMES][32]; /* names[0] is "" : the default pool */
 	unsigned nnames;
+	struct cuvmm_pool_config cfg[CVM_TORCH_MAX_NAMES]; /* per name, from cuvmm_torch_pool_configure() */
+	bool configured[CVM_TORCH_MAX_NAMES];
 	struct {
 		unsigned name;
 		int device;
@@ -162,7 +164,10 @@ static int pool_get(unsigned name, int device, struct cuvmm_pool **out)
 		err = CUVMM_ENOSPC;
 		goto out;
 	}
-	cuvmm_pool_config_init(&pc);
+	if (T.configured[name])
+		pc = T.cfg[name];
+	else
+		cuvmm_pool_config_init(&pc);
 	pc.device = device;
 	pc.name = name ? T.names[name] : "torch";
 	err = cuvmm_pool_create(ctx, &pc, &T.pools[n].pool);
@@ -202,6 +207,33 @@ int cuvmm_torch_use_pool(const char *name)
 	pthread_mutex_unlock(&T.lock);
 	if (!err)
 		tls_name = i;
+	return err;
+}
+
+int cuvmm_torch_pool_configure(const char *name, const struct cuvmm_pool_config *cfg)
+{
+	struct cuvmm_pool_config c;
+	unsigned i, n;
+	int err;
+
+	if (!cfg)
+		return CUVMM_EINVAL;
+	err = cvm_pool_config_read(cfg, &c);
+	if (err)
+		return err;
+	pthread_mutex_lock(&T.lock);
+	err = name_index(name, &i);
+	n = atomic_load(&T.npools);
+	for (unsigned k = 0; !err && k < n; k++) {
+		if (T.pools[k].name == i)
+			err = CUVMM_ESTATE; /* its pools have their config; a later device's would differ */
+	}
+	if (!err) {
+		c.name = NULL; /* pools take the integration's copy of the name */
+		T.cfg[i] = c;
+		T.configured[i] = true;
+	}
+	pthread_mutex_unlock(&T.lock);
 	return err;
 }
 

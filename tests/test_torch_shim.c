@@ -1,9 +1,11 @@
 /*
  * The PyTorch entry points (lib/torch.c) as PyTorch's pluggable allocator calls them, without PyTorch: malloc
  * and free with its signatures, per-thread named pools, record_stream, statistics in PyTorch's terms. The
- * integration has one process-wide context, so this program runs its checks in one test, in order.
+ * integration has one process-wide context, so each test needs a process of its own (Check's CK_FORK, the
+ * default): a test that finds the context made already fails, rather than checking what another left.
  */
 #include <pthread.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "common.h"
@@ -125,6 +127,79 @@ START_TEST(test_torch_entry_points)
 }
 END_TEST
 
+/* A named pool configured before its first use: its pools take the config (coarse handles here), an
+ * unconfigured one keeps the defaults, and a name whose pools exist already cannot be configured. */
+START_TEST(test_torch_pool_configure)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_pool_config pc;
+	struct cuvmm_pool *w, *def;
+	struct cuvmm_ctx *ctx;
+	uint64_t creates;
+	void *a, *b, *d;
+
+	tc_config(&cfg);
+	cfg.release_delay_ms = -1;
+	cfg.host_granularity = 2 * MiB;
+	ck_assert_int_eq(cuvmm_torch_init(&cfg), CUVMM_OK);
+	ctx = cuvmm_torch_ctx();
+
+	cuvmm_pool_config_init(&pc);
+	pc.coarse_bytes = 16 * MiB;
+	ck_assert_int_eq(cuvmm_torch_pool_configure("weights", NULL), CUVMM_EINVAL);
+	pc.size = offsetof(struct cuvmm_pool_config, coarse_bytes) - 1;
+	ck_assert_int_eq(cuvmm_torch_pool_configure("weights", &pc), CUVMM_EINVAL);
+	pc.size = sizeof(pc);
+	ck_assert_int_eq(cuvmm_torch_pool_configure("weights", &pc), CUVMM_OK);
+	pc.device = 5;   /* ignored */
+	pc.name = "x";   /* ignored */
+	ck_assert_int_eq(cuvmm_torch_pool_configure("weights", &pc), CUVMM_OK); /* replaces, no pool yet */
+
+	/* 32 MiB in the configured pool: one handle. The default pool: 16 of one granule. */
+	ck_assert_int_eq(cuvmm_torch_use_pool("weights"), CUVMM_OK);
+	creates = cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE);
+	a = cuvmm_torch_malloc(32 * MiB, 0, NULL);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE) - creates, 1);
+	ck_assert_int_eq(cuvmm_torch_use_pool(NULL), CUVMM_OK);
+	creates = cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE);
+	d = cuvmm_torch_malloc(32 * MiB, 0, NULL);
+	ck_assert_ptr_nonnull(d);
+	ck_assert_uint_eq(cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE) - creates, 16);
+	ck_assert_int_eq(tc_fill(a, 8 * MiB, 3), 0);
+	ck_assert_int_eq(tc_fill(d, 8 * MiB, 4), 0);
+
+	/* The pool was created on device 0 with its own name, and its config can no longer change. */
+	ck_assert_int_eq(cuvmm_torch_pool("weights", 0, &w), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_pool(NULL, 0, &def), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_pool_configure("weights", &pc), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_torch_pool_configure(NULL, &pc), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_torch_pool_configure("", &pc), CUVMM_ESTATE);
+
+	/* A bad value shows when the pool is created: the allocation gets NULL, the name stays usable. */
+	pc.peer_access = (uint64_t)1 << 40; /* a device the context lacks */
+	ck_assert_int_eq(cuvmm_torch_pool_configure("peers", &pc), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_use_pool("peers"), CUVMM_OK);
+	ck_assert_ptr_null(cuvmm_torch_malloc(2 * MiB, 0, NULL));
+	ck_assert_int_eq(cuvmm_torch_pool("peers", 0, &w), CUVMM_EINVAL);
+	pc.peer_access = 0;
+	ck_assert_int_eq(cuvmm_torch_pool_configure("peers", &pc), CUVMM_OK);
+	b = cuvmm_torch_malloc(2 * MiB, 0, NULL);
+	ck_assert_ptr_nonnull(b);
+	cuvmm_torch_free(b, 2 * MiB, 0, NULL);
+	ck_assert_int_eq(cuvmm_torch_use_pool(NULL), CUVMM_OK);
+
+	ck_assert_uint_eq(tc_check(a, 8 * MiB, 3), 0);
+	ck_assert_int_eq(cuvmm_torch_pool("weights", 0, &w), CUVMM_OK);
+	cuvmm_torch_free(a, 32 * MiB, 0, NULL);
+	ck_assert_uint_eq(tc_check(d, 8 * MiB, 4), 0);
+	cuvmm_torch_free(d, 32 * MiB, 0, NULL);
+	ck_assert_int_eq(cuvmm_pool_trim(w, 0), CUVMM_OK);
+	ck_assert_uint_eq(tc_pool_stats(w).held_bytes, 0);
+	ck_assert_uint_eq(tstats().allocated_bytes, 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("torch_shim");
@@ -132,6 +207,7 @@ static Suite *suite(void)
 
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_torch_entry_points);
+	tcase_add_test(tc, test_torch_pool_configure);
 	suite_add_tcase(s, tc);
 	return s;
 }

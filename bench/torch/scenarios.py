@@ -14,7 +14,8 @@ Scenarios (each: stock, stock with expandable segments, cuvmm):
   weights  a model loaded tensor by tensor: held / tensor bytes (cuvmm: the "weights" pool's held).
   sleep    cuvmm.torch.sleep/wake of the weights (first and second time) against a plain pinned copy of the
            same bytes in the same process; again with cuvmm.torch.sleep_prepare() before the first sleep
-           (mode cuvmm-prepared, its time in prepare_s).
+           (mode cuvmm-prepared, its time in prepare_s); and prepared in a pool configured with coarse_bytes
+           (mode cuvmm-coarse, --coarse-mib: tensors from that size up on handles as large as fit).
 """
 import argparse
 import json
@@ -74,8 +75,13 @@ def build(torch, name):
 
 def child(args):
     mode, scenario = args.mode, args.scenario
-    prepared = mode == "cuvmm-prepared"  # sleep: cuvmm.torch.sleep_prepare() before the first sleep
+    # sleep: cuvmm.torch.sleep_prepare() before the first sleep; cuvmm-coarse also configures the pool
+    prepared = mode in ("cuvmm-prepared", "cuvmm-coarse")
     out = {"mode": mode, "scenario": scenario}
+    if mode == "cuvmm-coarse":
+        import cuvmm.torch
+        cuvmm.torch.configure_pool("weights", coarse_bytes=args.coarse_mib << 20)
+        out["coarse_mib"] = args.coarse_mib
     if prepared:
         mode = "cuvmm"
     if mode == "cuvmm":
@@ -210,13 +216,13 @@ def child(args):
 
 # ---------------------------------------------------------------- the driver
 
-def run_one(mode, scenario, model, timeout=600):
+def run_one(mode, scenario, model, coarse_mib, timeout=600):
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if mode == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode, "--scenario", scenario,
-           "--model", model]
+           "--model", model, "--coarse-mib", str(coarse_mib)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -227,7 +233,10 @@ def run_one(mode, scenario, model, timeout=600):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", default="stock", choices=["stock", "expandable", "cuvmm", "cuvmm-prepared"])
+    ap.add_argument("--mode", default="stock",
+                    choices=["stock", "expandable", "cuvmm", "cuvmm-prepared", "cuvmm-coarse"])
+    ap.add_argument("--coarse-mib", type=int, default=32,
+                    help="mode cuvmm-coarse: the weights pool's coarse_bytes, in MiB (default 32)")
     ap.add_argument("--scenario", default="rounds", choices=["rounds", "chat", "speed", "weights", "sleep"])
     ap.add_argument("--model", default="qwen2-1.5b", choices=sorted(MODELS))
     ap.add_argument("--reps", type=int, default=2, help="repetitions of each scenario (default 2)")
@@ -240,13 +249,13 @@ def main():
     results = []
     for scen in args.scenarios.split(","):
         models = sorted(MODELS) if scen == "weights" else [args.model]
-        modes = {"speed": ["stock", "cuvmm"], "weights": ["stock", "cuvmm"], "sleep": ["cuvmm", "cuvmm-prepared"]}.get(
+        modes = {"speed": ["stock", "cuvmm"], "weights": ["stock", "cuvmm"], "sleep": ["cuvmm", "cuvmm-prepared", "cuvmm-coarse"]}.get(
             scen, ["stock", "expandable", "cuvmm"])
         for model in models:
             for rep in range(args.reps if scen != "sleep" else 1):
                 for mode in modes:
                     t0 = time.time()
-                    r = run_one(mode, scen, model)
+                    r = run_one(mode, scen, model, args.coarse_mib)
                     r.update(model=model, rep=rep, seconds=round(time.time() - t0, 1))
                     results.append(r)
                     short = {k: (round(v / GiB, 3) if isinstance(v, int) and v > 1 << 20 else

@@ -160,6 +160,7 @@ PROTOTYPES = {
     "cuvmm_torch_record_stream": (c_int, [c_void_p, CUstream]),
     "cuvmm_torch_use_pool": (c_int, [c_char_p]),
     "cuvmm_torch_pool": (c_int, [c_char_p, c_int, P(c_void_p)]),
+    "cuvmm_torch_pool_configure": (c_int, [c_char_p, P(PoolConfig)]),
     "cuvmm_torch_stats": (c_int, [c_int, P(TorchStats)]),
     "cuvmm_torch_reset_peak": (c_int, [c_int]),
     "cuvmm_torch_reset_totals": (c_int, [c_int]),

@@ -84,6 +84,18 @@ def _set(st, field, value, function):
 PEERS_ALL = (1 << 64) - 1  # CUVMM_PEERS_ALL
 
 
+def pool_config(function, device=0, max_bytes=0, peer_access=None, coarse_bytes=0):
+    """A struct cuvmm_pool_config with these values (peer_access: as Context.pool()), for `function`'s
+    errors."""
+    cfg = PoolConfig()
+    lib.cuvmm_pool_config_init(ctypes.byref(cfg))
+    _set(cfg, "device", device, function)
+    _set(cfg, "max_bytes", max_bytes, function)
+    _set(cfg, "coarse_bytes", coarse_bytes, function)
+    _set(cfg, "peer_access", _peers(peer_access, function) or 0, function)
+    return cfg
+
+
 def _peers(value, function):
     """A peer_access mask from True ("every device"), False (none), a mask, or an iterable of device indices.
     None stays None (the default)."""
@@ -394,12 +406,7 @@ class Pool(_Child):
     _stats_fn = lib.cuvmm_pool_stats
 
     def __init__(self, ctx, name, device=0, max_bytes=0, peer_access=None, coarse_bytes=0):
-        cfg = PoolConfig()
-        lib.cuvmm_pool_config_init(ctypes.byref(cfg))
-        _set(cfg, "device", device, "cuvmm_pool_create")
-        _set(cfg, "max_bytes", max_bytes, "cuvmm_pool_create")
-        _set(cfg, "coarse_bytes", coarse_bytes, "cuvmm_pool_create")
-        _set(cfg, "peer_access", _peers(peer_access, "cuvmm_pool_create") or 0, "cuvmm_pool_create")
+        cfg = pool_config("cuvmm_pool_create", device, max_bytes, peer_access, coarse_bytes)
         self.name = name
         self.device = device
         cfg.name = None if name is None else str(name).encode()  # the library copies it

@@ -257,6 +257,45 @@ def test_named_pool_sleep_wake_keeps_graphs_and_tokens():
 
 
 @needs_gpu
+def test_configured_pool_takes_large_handles():
+    run("""
+        import cuvmm
+        from cuvmm._lib import lib
+        cuvmm.torch.configure_pool('weights', coarse_bytes=64 << 20)  # before enable() works too
+        for bad in (dict(coarse_bytes=-1), dict(max_bytes=1 << 64), dict(peer_access=[99])):
+            try:
+                cuvmm.torch.configure_pool('other', **bad)
+            except cuvmm.Error as e:
+                assert e.code == cuvmm.EINVAL, (bad, e)
+            else:
+                raise AssertionError(bad)
+        cuvmm.torch.enable(release_delay_ms=-1)
+        ctx = lib.cuvmm_torch_ctx()
+        creates = lambda: lib.cuvmm_ctx_call_count(ctx, cuvmm.Call.CREATE)
+        c0 = creates()
+        with cuvmm.torch.pool('weights'):
+            w = [torch.full((32 << 20,), i, dtype=torch.int16, device='cuda') for i in range(8)]  # 64 MiB each
+        c1 = creates()
+        assert c1 - c0 == 8, c1 - c0  # one handle per tensor
+        x = torch.ones(64 << 20, dtype=torch.uint8, device='cuda')  # the default pool: 2 MiB handles
+        assert creates() - c1 == 32, creates() - c1
+        try:
+            cuvmm.torch.configure_pool('weights', coarse_bytes=1 << 20)
+        except cuvmm.Error as e:
+            assert e.code == cuvmm.ESTATE, e
+        else:
+            raise AssertionError("configure_pool after first use")
+        held = cuvmm.torch.stats()['reserved_bytes']
+        cuvmm.torch.sleep('weights')
+        assert cuvmm.torch.stats()['reserved_bytes'] <= held - (512 << 20)
+        cuvmm.torch.wake('weights')
+        for i, t in enumerate(w):
+            assert int(t[0]) == i and int(t[-1]) == i and bool((t == i).all()), i
+        assert int(x.sum()) == 64 << 20
+    """)
+
+
+@needs_gpu
 def test_python_m_runs_unmodified_script(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""

@@ -21,7 +21,8 @@ import threading
 
 from .. import _lib, _objects
 
-__all__ = ["enable", "enabled", "stats", "trim", "pool", "sleep", "sleep_prepare", "wake", "graph_pools"]
+__all__ = ["enable", "enabled", "stats", "trim", "pool", "configure_pool", "sleep", "sleep_prepare", "wake",
+           "graph_pools"]
 
 _enabled = False
 _lock = threading.Lock()
@@ -80,7 +81,7 @@ def enable(release_delay_ms=None, retain_bytes=None, device_limit_bytes=None, ba
                             ("background_release", background_release),
                             ("peer_access", _objects._peers(peer_access, "cuvmm_torch_init"))):
             if value is not None:
-                setattr(cfg, name, value)
+                _objects._set(cfg, name, value, "cuvmm_torch_init")
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "cuvmm_torch_malloc", "cuvmm_torch_free")
         try:
             torch.cuda.memory.change_current_allocator(alloc)
@@ -339,6 +340,18 @@ def pool(name):
     finally:
         stack.pop()
         lib.cuvmm_torch_use_pool(stack[-1].encode() if stack else None)
+
+
+def configure_pool(name, max_bytes=0, peer_access=None, coarse_bytes=0):
+    """Set how the pools named `name` (None: the default pool) are created, before their first use on any
+    device: coarse_bytes makes allocations from that size up take handles as large as fit (up to 128 MiB),
+    so that sleep, trim and idle release give them back in few driver calls; for a pool whose tensors stay
+    large, such as a model's weights (see Context.pool()). max_bytes and peer_access: as Context.pool().
+    Works before or after enable(). Raises cuvmm.Error ESTATE once a pool of that name exists; a value the
+    device refuses (a peer it cannot access) shows when the pool is created."""
+    cfg = _objects.pool_config("cuvmm_torch_pool_configure", 0, max_bytes, peer_access, coarse_bytes)
+    _check("cuvmm_torch_pool_configure",
+           _c().cuvmm_torch_pool_configure(None if name is None else name.encode(), ctypes.byref(cfg)))
 
 
 def _named(name, device):
