@@ -162,6 +162,9 @@ def main():
     ap.add_argument("--coarse-granules", type=int, default=0,
                     help="cuvmm pools with coarse_bytes of this many granules (default 0: off; the trade-off of "
                          "cuvmm_pool_config.coarse_bytes on KV traces)")
+    ap.add_argument("--seeds", default="0",
+                    help="comma list of offsets added to each shape's seed (default 0): --seeds=0,100,200 replays "
+                         "every shape with three different sets of requests (rows named shape+100, ...)")
     ap.add_argument("--smoke", action="store_true", help="three small traces, tiny scale, delays 0 and 100")
     ap.add_argument("--list", action="store_true", help="print the family and exit")
     args = ap.parse_args()
@@ -182,6 +185,14 @@ def main():
         if unknown:
             ap.error("--only: unknown trace(s) %s" % ", ".join(sorted(unknown)))
         shapes = [s for s in SHAPES if s[0] in names]
+    try:
+        offsets = [int(x) for x in args.seeds.split(",")]
+        if not offsets or any(x < 0 for x in offsets):
+            raise ValueError
+    except ValueError:
+        ap.error("--seeds=%s: a comma list of offsets >= 0" % args.seeds)
+    shapes = [(s[0] + ("+%d" % off if off else ""), s[1], s[2], s[3], s[4] + off, s[5], s[6])
+              for off in offsets for s in shapes]
     if args.list:
         for s in shapes:
             print("%-16s kv %5s/token, %3d at once, %3d requests, seed %2d, prompt lognormal(%g, %g) <= %d, "
