@@ -85,7 +85,7 @@ int cuvmm_pool_create(struct cuvmm_ctx *ctx, const struct cuvmm_pool_config *use
 		return err;
 	}
 	p->r.acct.live_private = true;
-	p->coarse_k = coarse ? ((coarse - 1) >> p->r.gshift) + 1 : 0;
+	p->coarse_k = cvm_gcount(p, coarse);
 	p->pacct.parent = &dev->acct;
 	snprintf(p->name, sizeof(p->name), "%s", cfg->name ? cfg->name : "pool");
 	p->edge = calloc(p->r.ngran, sizeof(*p->edge));
@@ -174,7 +174,7 @@ static int pool_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, void 
 		err = cvm_pool_pack_alloc(p, bytes, stream, ptr);
 		goto out;
 	}
-	k = (bytes + p->r.gran - 1) >> p->r.gshift;
+	k = cvm_gcount(p, bytes);
 	err = cvm_get_run(p, k, stream, true, &run);
 	if (err)
 		goto out;

@@ -23,6 +23,12 @@ static inline size_t cvm_gbytes(const struct cuvmm_pool *p, size_t granules)
 	return granules << p->r.gshift;
 }
 
+/* The granules `bytes` take (rounded up; no overflow, even for SIZE_MAX). */
+static inline size_t cvm_gcount(const struct cuvmm_pool *p, size_t bytes)
+{
+	return bytes ? ((bytes - 1) >> p->r.gshift) + 1 : 0;
+}
+
 /* Bytes handed out: the pool's count and its account (which feeds the device's). */
 static inline void cvm_pool_live_add(struct cuvmm_pool *p, int64_t delta)
 {
@@ -94,7 +100,7 @@ size_t cvm_cut_len(struct cuvmm_pool *p, const struct cvm_run *run, size_t k);
  * granules of its own, not packed? */
 static inline bool cvm_pool_coarse(const struct cuvmm_pool *p, size_t bytes)
 {
-	return p->coarse_k && bytes > ((p->coarse_k - 1) << p->r.gshift);
+	return p->coarse_k && cvm_gcount(p, bytes) >= p->coarse_k;
 }
 
 /* ----- pool_slab.c ----- */

@@ -247,7 +247,7 @@ int cvm_pool_pack_alloc(struct cuvmm_pool *p, size_t bytes, CUstream stream, voi
 	struct cvm_pack_alloc *x;
 	struct cvm_pack_plan plan;
 	struct cvm_run *run;
-	size_t len = cvm_pack_len(bytes), own = (len + p->r.gran - 1) >> p->r.gshift; /* granules of its own */
+	size_t len = cvm_pack_len(bytes), own = cvm_gcount(p, len); /* granules of its own */
 	int err = CUVMM_OK;
 
 	/* Stream-ordered reuse: an allocation of this length freed on this very stream is ready for it now

@@ -36,8 +36,8 @@ static struct {
 	struct cuvmm_ctx *_Atomic ctx;
 	char names[CVM_TORCH_MAX_NAMES][32]; /* names[0] is "" : the default pool */
 	unsigned nnames;
-	struct cuvmm_pool_config cfg[CVM_TORCH_MAX_NAMES]; /* per name, from cuvmm_torch_pool_configure() */
-	bool configured[CVM_TORCH_MAX_NAMES];
+	struct cuvmm_pool_config cfg[CVM_TORCH_MAX_NAMES]; /* per name, from cuvmm_torch_pool_configure();
+	                                                      size 0: never configured (the defaults) */
 	struct {
 		unsigned name;
 		int device;
@@ -164,7 +164,7 @@ static int pool_get(unsigned name, int device, struct cuvmm_pool **out)
 		err = CUVMM_ENOSPC;
 		goto out;
 	}
-	if (T.configured[name])
+	if (T.cfg[name].size)
 		pc = T.cfg[name];
 	else
 		cuvmm_pool_config_init(&pc);
@@ -230,8 +230,7 @@ int cuvmm_torch_pool_configure(const char *name, const struct cuvmm_pool_config 
 	}
 	if (!err) {
 		c.name = NULL; /* pools take the integration's copy of the name */
-		T.cfg[i] = c;
-		T.configured[i] = true;
+		T.cfg[i] = c; /* (its size set: cvm_pool_config_read) */
 	}
 	pthread_mutex_unlock(&T.lock);
 	return err;
