@@ -9,8 +9,10 @@ threshold 0 (async0) on the same operation list (one bench/trace process per tra
 identical operations). The CUDA allocators do not depend on the release delay; they run on every trace all
 the same, so that each row of the table is one process, one side-by-side run.
 
-Reports, per trace, held/live at peak and the pair cost (mean malloc + mean free, ns) of each allocator,
-then per allocator the median and the worst over the family; writes every row to a CSV (--csv) and, if
+Reports, per trace, the granule floor (the peak of the live allocations each rounded up to the granule,
+over peak live: what an allocator holds that gives each allocation granules of its own and frees at once;
+the floor the issue names), held/live at peak and the pair cost (mean malloc + mean free, ns) of each
+allocator, then per allocator the median, the worst and the worst ratio to the floor over the family; writes every row to a CSV (--csv) and, if
 matplotlib can be imported, a plot (--plot; skipped with a note otherwise).
 
 Host backend (no GPU, or --backend=host): token counts are multiplied by --scale (bench/trace --scale)
@@ -109,8 +111,13 @@ def run_trace(args, shape, delay, allocs, gran):
             "peak_held_bytes": r["peak_held_bytes"], "ratio": r["ratio"], "held_exact": r["held_exact"],
             "pair_mean_ns": r["pair_mean_ns"], "map_calls": r["map_calls"], "unmap_calls": r["unmap_calls"],
             "create_calls": r["create_calls"], "release_calls": r["release_calls"], "wall_ms": r["wall_ms"],
+            "floor": "%.4f" % (int(r["granule_floor_bytes"]) / max(1, int(r["peak_live_bytes"]))),
         })
-    return proc.returncode == 0 and bool(out), out, wall
+    # Rounding up never shrinks: a floor below peak live is a bug of bench/trace, not a figure.
+    bad = [r for r in out if float(r["floor"]) < 1.0]
+    if bad:
+        sys.stderr.write("sweep: %s delay %d ms: granule floor %s below peak live\n" % (name, delay, bad[0]["floor"]))
+    return proc.returncode == 0 and bool(out) and not bad, out, wall
 
 
 def plot(rows, allocs, path):
@@ -133,6 +140,10 @@ def plot(rows, allocs, path):
         xs = [j + (i - (len(allocs) - 1) / 2) * w for j in range(len(keys))]
         a1.bar(xs, [float(by[k]["ratio"]) if k in by else 0 for k in keys], w, label=a)
         a2.bar(xs, [float(by[k]["pair_mean_ns"]) / 1000 if k in by else 0 for k in keys], w, label=a)
+    fl = {"%s@%sms" % (r["trace"], r["release_delay_ms"]): float(r["floor"]) for r in rows
+          if r["allocator"] in CUVMM_ALLOCS}
+    a1.scatter(range(len(keys)), [fl.get(k, float("nan")) for k in keys], marker="_", s=250, color="k", zorder=3,
+               label="granule floor")
     a1.axhline(1.10, color="k", ls="--", lw=0.8, label="target 1.10")
     a1.set_ylabel("held / live at peak")
     a1.set_ylim(bottom=1.0)
@@ -235,10 +246,12 @@ def main():
             rows += out
             cells = "  ".join("%s %.3f %7.1fus" % (r["allocator"], float(r["ratio"]),
                                                    float(r["pair_mean_ns"]) / 1000) for r in out)
-            print("%-16s delay %4d ms  %s  (%.1f s)%s" % (s[0], d, cells, wall, "" if ok else "  FAILED"),
+            floor = "floor %.3f  " % float(out[0]["floor"]) if out else ""
+            print("%-16s delay %4d ms  %s%s  (%.1f s)%s" % (s[0], d, floor, cells, wall, "" if ok else "  FAILED"),
                   flush=True)
 
-    print("\n%-11s %7s %7s %-30s %9s %9s" % ("allocator", "median", "worst", "worst trace", "pair med", "pair max"))
+    print("\n%-11s %7s %7s %-30s %9s %9s %13s" % ("allocator", "median", "worst", "worst trace", "pair med",
+                                                 "pair max", "worst /floor"))
     for a in allocs:
         rs = [r for r in rows if r["allocator"] == a and r["ok"] == "1"]
         if not rs:
@@ -246,9 +259,17 @@ def main():
         ratios = [float(r["ratio"]) for r in rs]
         pairs = [float(r["pair_mean_ns"]) / 1000 for r in rs]
         worst = max(rs, key=lambda r: float(r["ratio"]))
-        print("%-11s %7.3f %7.3f %-30s %8.1fus %8.1fus" % (
+        over_floor = max(float(r["ratio"]) / float(r["floor"]) for r in rs)
+        print("%-11s %7.3f %7.3f %-30s %8.1fus %8.1fus %13.3f" % (
             a, statistics.median(ratios), max(ratios), "%s@%sms" % (worst["trace"], worst["release_delay_ms"]),
-            statistics.median(pairs), max(pairs)))
+            statistics.median(pairs), max(pairs), over_floor))
+    floors = {(r["trace"], r["release_delay_ms"]): float(r["floor"]) for r in rows
+              if r["allocator"] in CUVMM_ALLOCS and r["ok"] == "1"}
+    if floors:
+        print("granule floor (live allocations each rounded up to the granule, at peak, over peak live): median "
+              "%.3f, worst %.3f; above 1.10 on %d of %d traces" % (
+                  statistics.median(floors.values()), max(floors.values()),
+                  sum(f > 1.10 for f in floors.values()), len(floors)))
     over = [r for r in rows if r["allocator"] in CUVMM_ALLOCS and float(r["ratio"]) > 1.10]
     print("cuvmm rows above the 1.10 target: %d of %d" % (len(over), len([r for r in rows
                                                                              if r["allocator"] in CUVMM_ALLOCS])))

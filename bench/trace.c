@@ -267,6 +267,31 @@ static void trace_build(struct trace *t)
 	free(active);
 }
 
+/*
+ * The granule floor of a trace (issue #11): the peak over the trace of its live allocations each rounded up
+ * to the granule, the held bytes of an allocator that gives every allocation granules of its own and
+ * frees them at once. Allocations that share granules (the pool's packed ones) can go below it; no
+ * allocator that rounds each allocation to whole granules can.
+ */
+static uint64_t trace_granule_floor(const struct trace *t, uint64_t gran)
+{
+	uint64_t rounded = 0, peak = 0;
+
+	for (size_t i = 0; i < t->nops; i++) {
+		const struct op *o = &t->ops[i];
+		uint64_t r = (o->bytes + gran - 1) / gran * gran;
+
+		if (o->kind == OP_ALLOC) {
+			rounded += r;
+			if (rounded > peak)
+				peak = rounded;
+		} else if (o->kind == OP_FREE) {
+			rounded -= r;
+		}
+	}
+	return peak;
+}
+
 /* ----- the CUDA side ----- */
 
 static bool g_gpu;             /* a GPU is usable through the runtime */
@@ -387,6 +412,7 @@ struct result {
 	uint64_t nm, nf;
 	double m_mean, m_p99, f_mean, f_p99, m_max, f_max;
 	uint64_t peak_live, peak_held;
+	uint64_t floor_held;      /* trace_granule_floor() at this allocator's granule */
 	bool held_exact;          /* held read from the library after every op (else sampled from the driver) */
 	uint64_t lib_peak_held;   /* cuvmm: the library's own peak_held_bytes */
 	int64_t drv_peak;         /* driver-side peak (cuvmm on CUDA: the cross-check); -1 n/a */
@@ -816,6 +842,7 @@ static int replay(struct runner *r, const struct trace *t)
 		res->nm = r->nm = nm;
 		res->nf = r->nf = nf;
 		res->peak_live = t->peak_live;
+		res->floor_held = trace_granule_floor(t, r->gran);
 	}
 	free(ptrs);
 	return rc;
@@ -1160,8 +1187,8 @@ static void print_table(const struct result *res, int n, const struct trace *t)
 	       "%zu frees, %zu steps; peak live %.3f GiB\n",
 	       opt.requests, opt.concurrency, opt.kv_per_token, opt.seed, opt.scale, t->nalloc, t->nfree, t->nsteps,
 	       (double)t->peak_live / GIB);
-	printf("%-11s %-7s %9s %17s %17s %8s %9s %9s %-22s %9s %10s %9s\n", "allocator", "backend", "wall ms",
-	       "malloc mean/p99", "free mean/p99", "pair ns", "live GiB", "held GiB", "held/live", "idle MiB",
+	printf("%-11s %-7s %9s %17s %17s %8s %9s %9s %-22s %6s %9s %10s %9s\n", "allocator", "backend", "wall ms",
+	       "malloc mean/p99", "free mean/p99", "pair ns", "live GiB", "held GiB", "held/live", "floor", "idle MiB",
 	       "->bound ms", "return ms");
 	for (int i = 0; i < n; i++) {
 		const struct result *r = &res[i];
@@ -1181,11 +1208,15 @@ static void print_table(const struct result *res, int n, const struct trace *t)
 			snprintf(bound, sizeof(bound), "never");
 		else
 			snprintf(bound, sizeof(bound), "%.1f", r->idle_to_bound_ms);
-		printf("%-11s %-7s %9.1f %17s %17s %8.0f %9.3f %9.3f %-22s %9.1f %10s %9.3f\n", aname[r->k], r->backend,
-		       r->wall_ms, mal, fre, r->m_mean + r->f_mean, (double)r->peak_live / GIB,
-		       (double)r->peak_held / GIB, ratio, (double)r->held_idle / MIB, bound, r->return_ms);
+		printf("%-11s %-7s %9.1f %17s %17s %8.0f %9.3f %9.3f %-22s %6.3f %9.1f %10s %9.3f\n", aname[r->k],
+		       r->backend, r->wall_ms, mal, fre, r->m_mean + r->f_mean, (double)r->peak_live / GIB,
+		       (double)r->peak_held / GIB, ratio,
+		       r->peak_live ? (double)r->floor_held / (double)r->peak_live : 0.0, (double)r->held_idle / MIB,
+		       bound, r->return_ms);
 	}
-	printf("latencies in ns (clock_gettime around each call); pair = mean malloc + mean free; '~' = peak held "
+	printf("latencies in ns (clock_gettime around each call); pair = mean malloc + mean free; floor = the "
+	       "granule floor (peak of the live allocations each rounded up to the granule, over peak live: what "
+	       "an allocator holds that gives each allocation granules of its own); '~' = peak held "
 	       "sampled from cuMemGetInfo every %u ops (else cuvmm's own count after every op); idle MiB = held %" PRId64
 	       " ms after the last op; ->bound = time after the last op until held <= retain_bytes (polled every "
 	       "1 ms); return = explicit return (cuvmm_ctx_trim; async: stream sync + cudaMemPoolTrimTo; cudaMalloc: "
@@ -1264,7 +1295,7 @@ static int write_csv(const char *path, const struct result *res, int n)
  * held_exact (1: the library's count after every op; 0: driver, sampled), driver_peak_held_bytes,
  * held_after_idle_bytes, idle_to_bound_ms (-1: never), sync_ms, trim_ms, return_ms, held_after_return_bytes,
  * map_calls, unmap_calls, create_calls, release_calls, driver_ms (pool map/unmap counts; context
- * create/release counts and driver time). Return rows: wall_ms = alloc ms, free_mean_ns empty, return_ms =
+ * create/release counts and driver time), granule_floor_bytes (trace_granule_floor()). Return rows: wall_ms = alloc ms, free_mean_ns empty, return_ms =
  * trim ms, held_after_idle_bytes = held before the trim, with free_ms in sync_ms.
  */
 static int write_summary(const char *path, const struct result *res, int n, const struct rtest *rt, int nrt)
@@ -1278,7 +1309,7 @@ static int write_summary(const char *path, const struct result *res, int n, cons
 	fprintf(f, "kind,allocator,backend,ok,wall_ms,mallocs,frees,malloc_mean_ns,malloc_p99_ns,free_mean_ns,"
 		   "free_p99_ns,pair_mean_ns,peak_live_bytes,peak_held_bytes,ratio,held_exact,driver_peak_held_bytes,"
 		   "held_after_idle_bytes,idle_to_bound_ms,sync_ms,trim_ms,return_ms,held_after_return_bytes,"
-		   "map_calls,unmap_calls,create_calls,release_calls,driver_ms\n");
+		   "map_calls,unmap_calls,create_calls,release_calls,driver_ms,granule_floor_bytes\n");
 	for (int i = 0; i < n; i++) {
 		const struct result *r = &res[i];
 
@@ -1294,11 +1325,12 @@ static int write_summary(const char *path, const struct result *res, int n, cons
 		fprintf(f, ",%" PRIu64 ",%.3f,%.3f,%.3f,%.3f,%" PRIu64 ",", r->held_idle, r->idle_to_bound_ms,
 			r->sync_ms, r->trim_ms, r->return_ms, r->held_returned);
 		if (r->have_stats)
-			fprintf(f, "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f\n", r->pool_st.map_calls,
+			fprintf(f, "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f,", r->pool_st.map_calls,
 				r->pool_st.unmap_calls, r->ctx_st.create_calls, r->ctx_st.release_calls,
 				(double)r->ctx_st.driver_ns / 1e6);
 		else
-			fprintf(f, ",,,,\n");
+			fprintf(f, ",,,,,");
+		fprintf(f, "%" PRIu64 "\n", r->floor_held);
 	}
 	for (int i = 0; i < nrt; i++) {
 		const struct rtest *r = &rt[i];
@@ -1320,10 +1352,10 @@ static int write_summary(const char *path, const struct result *res, int n, cons
 		fprintf(f, ",%.3f,%.3f,%.3f,%" PRIu64 ",", r->free_ms, r->trim_ms, r->trim_ms, r->held_after);
 		/* map_calls: empty; unmap_calls; create_calls: empty; release_calls; driver_ms */
 		if (r->cuvmm)
-			fprintf(f, ",%" PRIu64 ",,%" PRIu64 ",%.3f\n", r->unmap_calls, r->release_calls,
+			fprintf(f, ",%" PRIu64 ",,%" PRIu64 ",%.3f,\n", r->unmap_calls, r->release_calls,
 				(double)r->driver_ns / 1e6);
 		else
-			fprintf(f, ",,,,\n");
+			fprintf(f, ",,,,,\n");
 	}
 	if (fclose(f)) {
 		fprintf(stderr, "trace: writing %s: %s\n", path, strerror(errno));

@@ -6,6 +6,7 @@
  */
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common.h"
@@ -200,6 +201,85 @@ START_TEST(test_torch_pool_configure)
 }
 END_TEST
 
+struct race {
+	pthread_barrier_t go;
+	char name[16];
+	int configured;  /* what cuvmm_torch_pool_configure returned */
+	uint64_t creates; /* chunks the first allocation created */
+	void *p;
+};
+
+static void *race_configure(void *arg)
+{
+	struct race *r = arg;
+	struct cuvmm_pool_config pc;
+
+	cuvmm_pool_config_init(&pc);
+	pc.coarse_bytes = 16 * MiB;
+	pthread_barrier_wait(&r->go);
+	r->configured = cuvmm_torch_pool_configure(r->name, &pc);
+	return NULL;
+}
+
+static void *race_allocate(void *arg)
+{
+	struct race *r = arg;
+	struct cuvmm_ctx *ctx = cuvmm_torch_ctx();
+	uint64_t c0;
+
+	ck_assert_int_eq(cuvmm_torch_use_pool(r->name), CUVMM_OK);
+	c0 = cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE);
+	pthread_barrier_wait(&r->go);
+	r->p = cuvmm_torch_malloc(32 * MiB, 0, NULL);
+	r->creates = cuvmm_ctx_call_count(ctx, CUVMM_CALL_CREATE) - c0;
+	return NULL;
+}
+
+/* A config racing the first allocation of its name: either the config came first and the pool has it
+ * (32 MiB on one handle), or the pool came first, the config was refused with ESTATE and the pool has the
+ * defaults (16 handles). Never a config accepted that its pool lacks, or refused when the pool has it. */
+START_TEST(test_torch_pool_configure_race)
+{
+	struct cuvmm_config cfg;
+	unsigned first = 0, later = 0;
+
+	tc_config(&cfg);
+	cfg.release_delay_ms = -1;
+	cfg.host_granularity = 2 * MiB;
+	ck_assert_int_eq(cuvmm_torch_init(&cfg), CUVMM_OK);
+	for (int i = 0; i < 15; i++) { /* the names of the integration, less the default pool's */
+		struct race r = {0};
+		struct cuvmm_pool *pool;
+		pthread_t a, b;
+
+		snprintf(r.name, sizeof(r.name), "race%d", i);
+		ck_assert_int_eq(pthread_barrier_init(&r.go, NULL, 2), 0);
+		ck_assert_int_eq(pthread_create(&a, NULL, race_configure, &r), 0);
+		ck_assert_int_eq(pthread_create(&b, NULL, race_allocate, &r), 0);
+		pthread_join(a, NULL);
+		pthread_join(b, NULL);
+		pthread_barrier_destroy(&r.go);
+		ck_assert_ptr_nonnull(r.p);
+		if (r.configured == CUVMM_OK) {
+			ck_assert_uint_eq(r.creates, 1);
+			first++;
+		} else {
+			ck_assert_int_eq(r.configured, CUVMM_ESTATE);
+			ck_assert_uint_eq(r.creates, 16);
+			later++;
+		}
+		ck_assert_int_eq(tc_fill(r.p, MiB, (uint8_t)i), 0);
+		ck_assert_uint_eq(tc_check(r.p, MiB, (uint8_t)i), 0);
+		ck_assert_int_eq(cuvmm_torch_pool(r.name, 0, &pool), CUVMM_OK);
+		cuvmm_torch_free(r.p, 32 * MiB, 0, NULL);
+		ck_assert_int_eq(cuvmm_pool_trim(pool, 0), CUVMM_OK);
+		ck_assert_uint_eq(tc_pool_stats(pool).held_bytes, 0);
+	}
+	ck_assert_uint_eq(first + later, 15);
+	ck_assert_uint_eq(tstats().allocated_bytes, 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("torch_shim");
@@ -208,6 +288,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, TC_TIMEOUT);
 	tcase_add_test(tc, test_torch_entry_points);
 	tcase_add_test(tc, test_torch_pool_configure);
+	tcase_add_test(tc, test_torch_pool_configure_race);
 	suite_add_tcase(s, tc);
 	return s;
 }
