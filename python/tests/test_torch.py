@@ -296,6 +296,45 @@ def test_configured_pool_takes_large_handles():
 
 
 @needs_gpu
+def test_first_allocations_inside_a_capture():
+    run("""
+        import cuvmm
+        from cuvmm._lib import lib
+        cuvmm.torch.configure_pool('w', coarse_bytes=32 << 20)
+        cuvmm.torch.enable(release_delay_ms=10)
+        g = torch.cuda.CUDAGraph()
+        # The process's first tensors are made inside a capture (global mode, PyTorch's default), and the
+        # configured pool is created there: its reservation and its first mappings happen during the capture.
+        with torch.cuda.graph(g):
+            x = torch.empty(1 << 20, device='cuda')  # no kernel: filled outside, before each replay
+            ctx = lib.cuvmm_torch_ctx()
+            c0 = lib.cuvmm_ctx_call_count(ctx, cuvmm.Call.CREATE)
+            with cuvmm.torch.pool('w'):
+                w = torch.ones(16 << 20, device='cuda')  # 64 MiB on one handle (default pool: 32)
+            c1 = lib.cuvmm_ctx_call_count(ctx, cuvmm.Call.CREATE)
+            y = x + w[: 1 << 20]
+        assert c1 - c0 == 1, c1 - c0
+        for i in range(3):
+            x.fill_(float(i))
+            g.replay()
+            torch.cuda.synchronize()
+            assert float(y.sum()) == float((i + 1) << 20), (i, float(y.sum()))
+        try:
+            cuvmm.torch.configure_pool('w', coarse_bytes=1 << 20)
+        except cuvmm.Error as e:
+            assert e.code == cuvmm.ESTATE, e
+        else:
+            raise AssertionError("configure_pool after a first use inside a capture")
+        with cuvmm.torch.pool('w'):
+            v = torch.full((16 << 20,), 2.0, device='cuda')  # the same pool outside the capture
+        assert float(v.sum()) == 2.0 * (16 << 20)
+        del g, x, y, w, v
+        gc.collect()
+        assert cuvmm.torch.graph_pools() == {}
+    """)
+
+
+@needs_gpu
 def test_python_m_runs_unmodified_script(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent("""
