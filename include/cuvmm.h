@@ -959,7 +959,9 @@ CUVMM_API int cuvmm_torch_record_stream(void *ptr, void *stream);
 /**
  * Send the calling thread's later allocations to the pool named @p name (one per device, created on first
  * use).
- * @param[in] name up to 31 bytes; NULL or "": the default pool
+ * @param[in] name up to 31 bytes; NULL, "" or "torch" (its own name): the default pool. A name is taken
+ *            when a call first names it (this one, cuvmm_torch_pool_configure() or cuvmm_torch_pool()) and
+ *            stays taken; up to 15 besides the default
  * @return CUVMM_OK; CUVMM_EINVAL for a name too long; CUVMM_ENOSPC when 15 names are in use already
  */
 CUVMM_API int cuvmm_torch_use_pool(const char *name);
@@ -983,7 +985,9 @@ CUVMM_API int cuvmm_torch_pool_configure(const char *name, const struct cuvmm_po
  * @param[in] name as for cuvmm_torch_use_pool()
  * @param[in] device the device
  * @param[out] out the pool, owned by the integration: never destroy it
- * @return CUVMM_OK; CUVMM_EINVAL for a bad argument; as cuvmm_pool_create() otherwise
+ * @return CUVMM_OK; CUVMM_EINVAL for a bad argument or a name too long; CUVMM_ENODEV for a device the
+ *         context lacks (the name is not taken then); CUVMM_ENOSPC when 15 names are in use already; as
+ *         cuvmm_ctx_create() when it creates the integration's context; as cuvmm_pool_create() otherwise
  */
 CUVMM_API int cuvmm_torch_pool(const char *name, int device, struct cuvmm_pool **out);
 

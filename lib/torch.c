@@ -14,8 +14,8 @@
 #include "log.h"
 #include "pool.h"
 
-#define CVM_TORCH_MAX_POOLS 64
 #define CVM_TORCH_MAX_NAMES 16
+#define CVM_TORCH_MAX_POOLS (CVM_TORCH_MAX_NAMES * CVM_MAX_DEVICES) /* every (name, device) has room */
 #define CVM_TORCH_REC_HASH 256
 
 /* Streams that used an allocation besides the one it was allocated on (Tensor.record_stream). */
@@ -113,10 +113,11 @@ struct cuvmm_ctx *cuvmm_torch_ctx(void)
 	return atomic_load_explicit(&T.ctx, memory_order_acquire);
 }
 
-/* The index of a pool name (created on first use). Lock held. */
+/* The index of a pool name (created on first use). NULL, "" and "torch" (the default pool's own name) are
+ * the default pool. Lock held. */
 static int name_index(const char *name, unsigned *out)
 {
-	if (!name || !*name) {
+	if (!name || !*name || !strcmp(name, "torch")) {
 		*out = 0;
 		return CUVMM_OK;
 	}
@@ -160,7 +161,7 @@ static int pool_get(unsigned name, int device, struct cuvmm_pool **out)
 			goto out;
 		}
 	}
-	if (n == CVM_TORCH_MAX_POOLS) {
+	if (n == CVM_TORCH_MAX_POOLS) { /* cannot happen: a slot per (name, device) */
 		err = CUVMM_ENOSPC;
 		goto out;
 	}
@@ -238,11 +239,20 @@ int cuvmm_torch_pool_configure(const char *name, const struct cuvmm_pool_config 
 
 int cuvmm_torch_pool(const char *name, int device, struct cuvmm_pool **out)
 {
+	struct cuvmm_ctx *ctx;
 	unsigned i;
-	int err;
+	int err, ndev;
 
 	if (!out || device < 0 || device >= CVM_MAX_DEVICES)
 		return CUVMM_EINVAL;
+	/* A device the context lacks fails before the name is taken: a failed lookup leaves nothing behind. */
+	err = ctx_get(&ctx);
+	if (!err)
+		err = cuvmm_ctx_device_count(ctx, &ndev);
+	if (err)
+		return err;
+	if (device >= ndev)
+		return CUVMM_ENODEV;
 	pthread_mutex_lock(&T.lock);
 	err = name_index(name, &i);
 	pthread_mutex_unlock(&T.lock);

@@ -12,6 +12,7 @@
 #include "common.h"
 
 #define MiB TC_MiB
+#define CVM_TC_MAX_DEVICES 64 /* the library's device limit (CVM_MAX_DEVICES) */
 
 static struct cuvmm_torch_stats tstats(void)
 {
@@ -280,6 +281,56 @@ START_TEST(test_torch_pool_configure_race)
 }
 END_TEST
 
+/* Names: "torch" is the default pool's own name; a lookup on a device the context lacks fails without
+ * taking a name; every name has a pool on every device (16 names x 8 host devices: 128 pools). */
+START_TEST(test_torch_pool_names)
+{
+	struct cuvmm_config cfg;
+	struct cuvmm_pool_config pc;
+	struct cuvmm_pool *a, *b;
+	char name[16];
+	int ndev;
+
+	tc_config(&cfg);
+	cfg.host_devices = 8;
+	cfg.release_delay_ms = -1;
+	cfg.device_limit_bytes = 64 * MiB; /* pools reserve 1 GiB each, not twice the device: 136 of them */
+	ck_assert_int_eq(cuvmm_torch_init(&cfg), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_ctx_device_count(cuvmm_torch_ctx(), &ndev), CUVMM_OK);
+
+	ck_assert_int_eq(cuvmm_torch_pool("torch", 0, &a), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_pool(NULL, 0, &b), CUVMM_OK);
+	ck_assert_ptr_eq(a, b);
+	cuvmm_pool_config_init(&pc);
+	ck_assert_int_eq(cuvmm_torch_pool_configure("torch", &pc), CUVMM_ESTATE);
+	ck_assert_int_eq(cuvmm_torch_use_pool("torch"), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_use_pool(NULL), CUVMM_OK);
+
+	/* Failed lookups on a device the context lacks: ENODEV, and no name is taken by them. */
+	for (int i = 0; i < 20; i++) {
+		snprintf(name, sizeof(name), "bad%d", i);
+		ck_assert_int_eq(cuvmm_torch_pool(name, ndev, &a), CUVMM_ENODEV);
+	}
+	ck_assert_int_eq(cuvmm_torch_pool("x", CVM_TC_MAX_DEVICES, &a), CUVMM_EINVAL);
+
+	/* 15 names besides the default, each with a pool on every device; the 16th name is refused. */
+	for (int i = 1; i <= 15; i++) {
+		snprintf(name, sizeof(name), "n%d", i);
+		for (int d = 0; d < ndev; d++) {
+			ck_assert_int_eq(cuvmm_torch_pool(name, d, &a), CUVMM_OK);
+			ck_assert_int_eq(cuvmm_torch_pool(name, d, &b), CUVMM_OK);
+			ck_assert_ptr_eq(a, b);
+		}
+	}
+	for (int d = 0; d < ndev; d++)
+		ck_assert_int_eq(cuvmm_torch_pool(NULL, d, &a), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_use_pool("n16"), CUVMM_ENOSPC);
+	ck_assert_int_eq(cuvmm_torch_pool("n16", 0, &a), CUVMM_ENOSPC);
+	ck_assert_int_eq(cuvmm_torch_use_pool("n15"), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_torch_use_pool(NULL), CUVMM_OK);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("torch_shim");
@@ -289,6 +340,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_torch_entry_points);
 	tcase_add_test(tc, test_torch_pool_configure);
 	tcase_add_test(tc, test_torch_pool_configure_race);
+	tcase_add_test(tc, test_torch_pool_names);
 	suite_add_tcase(s, tc);
 	return s;
 }

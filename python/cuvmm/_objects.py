@@ -75,7 +75,16 @@ def _checked(fn, *args):
 
 
 def _set(st, field, value, function):
-    """st.field = value, refusing a value that the field would silently wrap or truncate (EINVAL)."""
+    """st.field = value, refusing (EINVAL) a value that the field would silently wrap or truncate, and one
+    of the wrong kind: a bool or a non-integer for an integer field (True would become 1)."""
+    ctype = dict(type(st)._fields_)[field]
+    if ctype is ctypes.c_bool:
+        ok = isinstance(value, int) and value in (0, 1)
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok:
+        raise Error(ErrorCode.EINVAL, function, "%s=%r: not %s" % (
+            field, value, "a bool" if ctype is ctypes.c_bool else "an integer"))
     setattr(st, field, value)
     if getattr(st, field) != value:
         raise Error(ErrorCode.EINVAL, function, "%s=%r out of range" % (field, value))
@@ -84,16 +93,35 @@ def _set(st, field, value, function):
 PEERS_ALL = (1 << 64) - 1  # CUVMM_PEERS_ALL
 
 
-def pool_config(function, device=0, max_bytes=0, peer_access=None, coarse_bytes=0):
+def pool_config(function, device=0, max_bytes=0, peer_access=None, coarse_bytes=0, any_device=False):
     """A struct cuvmm_pool_config with these values (peer_access: as Context.pool()), for `function`'s
-    errors."""
+    errors. any_device: the config serves pools of every device (cuvmm.torch.configure_pool), where no one
+    mask says "no peers"."""
     cfg = PoolConfig()
     lib.cuvmm_pool_config_init(ctypes.byref(cfg))
     _set(cfg, "device", device, function)
     _set(cfg, "max_bytes", max_bytes, function)
     _set(cfg, "coarse_bytes", coarse_bytes, function)
-    _set(cfg, "peer_access", _peers(peer_access, function) or 0, function)
+    _set(cfg, "peer_access", _object_peers(peer_access, device, function, any_device), function)
     return cfg
+
+
+def _object_peers(value, device, function, any_device=False):
+    """An object's peer_access mask (pool, kv) from the Python value: None is the context's (the C API's 0);
+    no devices (False, [], 0) is the object's own device alone (1 << device), since the C API's 0 would
+    mean the context's. For a config of every device's pools (any_device) "none" has no mask: EINVAL."""
+    mask = _peers(value, function)
+    if mask is None:
+        return 0
+    if mask == 0:
+        if any_device:
+            raise Error(ErrorCode.EINVAL, function, "peer_access=%r: a config for every device's pool cannot "
+                        "name no peers (leave it None: the context's peer_access, which enable(peer_access="
+                        "False) makes none)" % (value,))
+        if not isinstance(device, int) or isinstance(device, bool) or not 0 <= device < 64:
+            raise Error(ErrorCode.EINVAL, function, "device=%r" % (device,))
+        return 1 << device
+    return mask
 
 
 def _peers(value, function):
@@ -104,7 +132,7 @@ def _peers(value, function):
     try:
         mask = 0
         for d in value:
-            if not isinstance(d, int) or not 0 <= d < 64:
+            if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < 64:
                 raise Error(ErrorCode.EINVAL, function, "peer_access names device %r" % (d,))
             mask |= 1 << d
         return mask
@@ -518,7 +546,8 @@ class KV(_Child):
         cfg = KVConfig()
         lib.cuvmm_kv_config_init(ctypes.byref(cfg))
         for field, value in (("device", device), ("block_bytes", block_bytes), ("max_blocks", max_blocks),
-                             ("tensors", tensors), ("peer_access", _peers(peer_access, "cuvmm_kv_create") or 0)):
+                             ("tensors", tensors),
+                             ("peer_access", _object_peers(peer_access, device, "cuvmm_kv_create"))):
             _set(cfg, field, value, "cuvmm_kv_create")
         self.device, self.block_bytes, self.max_blocks, self.tensors = device, block_bytes, max_blocks, tensors
         super().__init__(ctx, lib.cuvmm_kv_create, ctypes.byref(cfg))

@@ -463,6 +463,33 @@ class TestLimits(unittest.TestCase):
             self.assertEqual(ctx.call_count("map"), 0)  # nothing reached the driver
             self.assertEqual(kv.compact(1 << 40), [])
 
+    def test_wrong_kinds(self):
+        """A bool or a float where a size is meant is EINVAL, not 1 or a TypeError."""
+        with new_ctx() as ctx:
+            for kw in (dict(max_bytes=True), dict(coarse_bytes=2.5), dict(max_bytes=None), dict(device=False),
+                       dict(peer_access=[True])):
+                with self.assertRaises(cuvmm.InvalidArgument, msg=repr(kw)):
+                    ctx.pool("x", **kw)
+            with self.assertRaises(cuvmm.InvalidArgument):
+                ctx.kv(4096.0, 64)
+            with self.assertRaises(cuvmm.InvalidArgument):
+                cuvmm.Context(release_delay_ms=1.5)
+            cuvmm.Context(background_release=False).close()  # a bool field takes a bool
+
+    def test_object_peer_masks(self):
+        """An object's peer_access in Python terms and the C mask it becomes: None is the context's (C 0);
+        no devices is the object's own device alone (C 0 would mean the context's); True every device."""
+        from cuvmm import _objects
+        mask = lambda v, dev=1: _objects.pool_config("f", dev, 0, v).peer_access
+        self.assertEqual(mask(None), 0)
+        self.assertEqual(mask(False), 1 << 1)
+        self.assertEqual(mask([]), 1 << 1)
+        self.assertEqual(mask(0, 3), 1 << 3)
+        self.assertEqual(mask([0]), 1)
+        self.assertEqual(mask(True), (1 << 64) - 1)
+        with self.assertRaises(cuvmm.InvalidArgument):
+            _objects.pool_config("f", 0, 0, False, any_device=True)
+
 
 class TestRegion(unittest.TestCase):
     def setUp(self):

@@ -28,6 +28,26 @@ for bad in (dict(coarse_bytes=-1), dict(max_bytes=1 << 64), dict(peer_access=[64
         assert e.code == cuvmm.EINVAL, (bad, e)
     else:
         raise AssertionError("configure_pool(%r) did not fail" % bad)
+# Values of the wrong kind are EINVAL too, never coerced (True is not 1 byte) nor another exception; no
+# peers at all has no mask that serves every device's pool.
+for bad in (dict(max_bytes=True), dict(coarse_bytes=1.5), dict(max_bytes=None), dict(peer_access=[True]),
+            dict(peer_access=False), dict(peer_access=[])):
+    try:
+        cuvmm.torch.configure_pool("other", **bad)
+    except cuvmm.Error as e:
+        assert e.code == cuvmm.EINVAL, (bad, e)
+    else:
+        raise AssertionError("configure_pool(%r) did not fail" % bad)
+# Names: a NUL byte would cut the name in C ("\0" would be the default pool): refused, as are non-str names.
+for name in ("\0", "weights\0kv", b"weights", 5):
+    try:
+        cuvmm.torch.configure_pool(name, max_bytes=2 << 20)
+    except cuvmm.Error as e:
+        assert e.code == cuvmm.EINVAL, (name, e)
+    else:
+        raise AssertionError("configure_pool(%r) did not fail" % (name,))
+cuvmm.torch.configure_pool("torch", max_bytes=1 << 41)  # the default pool's own name: the default pool
+cuvmm.torch.configure_pool("other", peer_access=[0])    # device 0 may read every device's "other" pool
 try:
     cuvmm.torch.configure_pool("x" * 32)
 except cuvmm.Error as e:

@@ -13,7 +13,9 @@ Tensor.record_stream(), and CUDA graphs (torch.cuda.graph, shared graph pools, m
 torch.compile(mode="reduce-overhead")), whose memory is kept while a graph lives and given back after.
 doc/torch.md says how and what does not work.
 
-This module imports without torch; its functions raise ImportError naming torch when it is missing.
+This module imports without torch. configure_pool(), trim() and graph_pools() work without it; enable() and stats()
+raise ImportError naming torch when it is missing; pool(), sleep(), sleep_prepare() and wake() raise
+RuntimeError until enable() has run.
 """
 import contextlib
 import ctypes
@@ -82,6 +84,11 @@ def enable(release_delay_ms=None, retain_bytes=None, device_limit_bytes=None, ba
                             ("peer_access", _objects._peers(peer_access, "cuvmm_torch_init"))):
             if value is not None:
                 _objects._set(cfg, name, value, "cuvmm_torch_init")
+        # The context first: if the library refuses the settings, PyTorch keeps its own allocator and nothing
+        # has changed. (After a swap refused below, the idle context stays; a second enable() finds it.)
+        err = lib.cuvmm_torch_init(ctypes.byref(cfg))
+        if err < 0 and err != -8:  # ESTATE: made already (an earlier enable() whose swap was refused)
+            _check("cuvmm_torch_init", err)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "cuvmm_torch_malloc", "cuvmm_torch_free")
         try:
             torch.cuda.memory.change_current_allocator(alloc)
@@ -91,9 +98,6 @@ def enable(release_delay_ms=None, retain_bytes=None, device_limit_bytes=None, ba
                 "cannot be swapped any more. Call it first thing in the program (before any tensor, model "
                 "or torch.cuda call that allocates), or run the program with 'python -m cuvmm.torch "
                 "script.py'. (PyTorch said: %s)" % e) from e
-        err = lib.cuvmm_torch_init(ctypes.byref(cfg))
-        if err < 0 and err != -8:  # ESTATE: the first allocation created it already
-            _check("cuvmm_torch_init", err)
         _install(torch)
         _enabled = True
 
@@ -324,22 +328,35 @@ def _install(torch):
 
 # ----- named pools -----
 
+def _name(name, function):
+    """A pool name for the C API: None (the default pool) or a str without NUL bytes (C would cut it there,
+    and "\0" would be the default pool); anything else is EINVAL. Length is the library's to check."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or "\0" in name:
+        from .._errors import Error, ErrorCode
+        raise Error(ErrorCode.EINVAL, function, "pool name %r: a str without NUL bytes, or None" % (name,))
+    return name.encode()
+
+
 @contextlib.contextmanager
 def pool(name):
-    """Send this thread's CUDA allocations inside the block to the cuvmm pool `name` (one per device)."""
+    """Send this thread's CUDA allocations inside the block to the cuvmm pool `name` (one per device; None
+    or "torch": the default pool)."""
     if not _enabled:
         raise RuntimeError("cuvmm.torch.pool(): call cuvmm.torch.enable() first")
     lib = _c()
+    cname = _name(name, "cuvmm_torch_use_pool")
     stack = getattr(_tls, "stack", None)
     if stack is None:
         stack = _tls.stack = []
-    _check("cuvmm_torch_use_pool", lib.cuvmm_torch_use_pool(name.encode()))
-    stack.append(name)
+    _check("cuvmm_torch_use_pool", lib.cuvmm_torch_use_pool(cname))
+    stack.append(cname)
     try:
         yield
     finally:
         stack.pop()
-        lib.cuvmm_torch_use_pool(stack[-1].encode() if stack else None)
+        lib.cuvmm_torch_use_pool(stack[-1] if stack else None)
 
 
 def configure_pool(name, max_bytes=0, peer_access=None, coarse_bytes=0):
@@ -348,20 +365,25 @@ def configure_pool(name, max_bytes=0, peer_access=None, coarse_bytes=0):
     so that sleep, trim and idle release give them back in few driver calls; for a pool whose tensors stay
     large, such as a model's weights (see Context.pool()). max_bytes and peer_access: as Context.pool().
     Works before or after enable(). Raises cuvmm.Error ESTATE once a pool of that name exists; a value the
-    device refuses (a peer it cannot access) shows when the pool is created."""
-    cfg = _objects.pool_config("cuvmm_torch_pool_configure", 0, max_bytes, peer_access, coarse_bytes)
-    _check("cuvmm_torch_pool_configure",
-           _c().cuvmm_torch_pool_configure(None if name is None else name.encode(), ctypes.byref(cfg)))
+    device refuses (a peer it cannot access) shows when the pool is created. peer_access names the devices
+    given access to every device's pool of that name (each pool's own device has it anyway); None, the
+    default, is the context's; no devices at all (False, []) is refused with EINVAL, since one config
+    serves every device: leave it None and give enable() peer_access=False."""
+    fn = "cuvmm_torch_pool_configure"
+    cname = _name(name, fn)
+    cfg = _objects.pool_config(fn, 0, max_bytes, peer_access, coarse_bytes, any_device=True)
+    _check(fn, _c().cuvmm_torch_pool_configure(cname, ctypes.byref(cfg)))
 
 
 def _named(name, device):
     torch = _torch()
     lib = _c()
+    cname = _name(name, "cuvmm_torch_pool")
     devices = range(torch.cuda.device_count()) if device is None else [device]
     out = []
     for d in devices:
         p = ctypes.c_void_p()
-        _check("cuvmm_torch_pool", lib.cuvmm_torch_pool(name.encode(), d, ctypes.byref(p)))
+        _check("cuvmm_torch_pool", lib.cuvmm_torch_pool(cname, d, ctypes.byref(p)))
         out.append(p)
     return out
 
