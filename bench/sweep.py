@@ -162,7 +162,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=os.path.join(here, "..", "build", "bench", "trace"),
                     help="the bench/trace program (default: build/bench/trace)")
-    ap.add_argument("--backend", choices=["auto", "cuda", "host"], default="auto")
+    ap.add_argument("--backend", choices=["auto", "cuda", "host"], default="auto",
+                    help="auto (default): the GPU when bench/trace finds one usable, else the host backend")
     ap.add_argument("--scale", type=float, default=None, help="token scale (default 1 on a GPU, 0.05 on host)")
     ap.add_argument("--host-granularity", default=None,
                     help="host backend granule in bytes, or 'scaled' (default) or 'default' (2 MiB)")
@@ -208,7 +209,8 @@ def main():
         for s in shapes:
             print("%-16s kv %5s/token, %3d at once, %3d requests, seed %2d, prompt lognormal(%g, %g) <= %d, "
                   "output lognormal(%g, %g) <= %d" % (s[0], s[1], s[2], s[3], s[4], *s[5], *s[6]))
-        print("x release delays %s ms = %d traces" % (",".join(map(str, delays)), len(shapes) * len(delays)))
+        print("%d shapes x release delays %s ms = %d traces" % (len(shapes), ",".join(map(str, delays)),
+                                                                len(shapes) * len(delays)))
         return 0
     if not os.access(args.trace, os.X_OK):
         ap.error("%s: not an executable (build first: ninja -C build)" % args.trace)
@@ -247,7 +249,7 @@ def main():
             cells = "  ".join("%s %.3f %7.1fus" % (r["allocator"], float(r["ratio"]),
                                                    float(r["pair_mean_ns"]) / 1000) for r in out)
             floor = "floor %.3f  " % float(out[0]["floor"]) if out else ""
-            print("%-16s delay %4d ms  %s%s  (%.1f s)%s" % (s[0], d, floor, cells, wall, "" if ok else "  FAILED"),
+            print("%-16s delay %4d ms  %s%s  (run %.1f s)%s" % (s[0], d, floor, cells, wall, "" if ok else "  FAILED"),
                   flush=True)
 
     print("\n%-11s %7s %7s %-30s %9s %9s %13s" % ("allocator", "median", "worst", "worst trace", "pair med",
@@ -273,7 +275,7 @@ def main():
     over = [r for r in rows if r["allocator"] in CUVMM_ALLOCS and float(r["ratio"]) > 1.10]
     ncv = len([r for r in rows if r["allocator"] in CUVMM_ALLOCS])
     over_floor = [r for r in rows if r["allocator"] in CUVMM_ALLOCS and float(r["ratio"]) > 1.10 * float(r["floor"])]
-    print("cuvmm rows above the 1.10 target: %d of %d; above 1.10x their granule floor: %d of %d" % (
+    print("cuvmm and cuvmmasync rows above the 1.10 target: %d of %d; above 1.10x their granule floor: %d of %d" % (
         len(over), ncv, len(over_floor), ncv))
     if rows:
         with open(args.csv, "w", newline="") as f:

@@ -55,19 +55,32 @@
 
 /* ----- backend choice ----- */
 
+/* The library's errors only, to stderr as its default sink writes them: for the GPU probe below, whose
+ * warning that the CUDA backend is unavailable the example answers itself. */
+static void errors_only(enum cuvmm_log_level level, const char *msg, void *user)
+{
+	(void)level;
+	(void)user;
+	fprintf(stderr, "cuvmm: error: %s\n", msg);
+}
+
 bool ex_ctx_create(struct cuvmm_config *cfg, struct cuvmm_ctx **ctx, const char *example)
 {
-	bool forced = getenv("CUVMM_BACKEND") != NULL;
+	bool forced = getenv("CUVMM_BACKEND") != NULL, quiet = !forced && !getenv("CUVMM_LOG");
 	int err;
 
 	/* Without CUVMM_BACKEND, ask for the GPU: the AUTO backend never falls back to the host by itself, so
-	 * we do it here, and say so. */
+	 * we do it here, and say so (the library's own warning about it is left out unless CUVMM_LOG asks). */
 	if (!forced)
 		cfg->backend = CUVMM_BACKEND_CUDA;
+	if (quiet)
+		cuvmm_set_log_callback(errors_only, NULL, CUVMM_LOG_ERROR);
 	err = cuvmm_ctx_create(cfg, ctx);
+	if (quiet)
+		cuvmm_set_log_callback(NULL, NULL, CUVMM_LOG_WARN);
 	if ((err == CUVMM_ENODRIVER || err == CUVMM_ENODEV) && !forced) {
-		printf("%s: no GPU found (%s): running on the host backend (host memory with the same semantics)\n",
-		       example, cuvmm_strerror(err));
+		printf("%s: no GPU found (%s; CUVMM_LOG=info says why): running on the host backend (host memory "
+		       "with the same semantics)\n", example, cuvmm_strerror(err));
 		cfg->backend = CUVMM_BACKEND_HOST;
 		err = cuvmm_ctx_create(cfg, ctx);
 	}

@@ -454,8 +454,9 @@ int main(int argc, char **argv)
 	       d.peak_live_bytes ? (double)d.peak_held_bytes / d.peak_live_bytes : 0.0,
 	       (unsigned long long)d.create_calls, (unsigned long long)d.release_calls,
 	       (unsigned long long)d.map_calls, (unsigned long long)d.unmap_calls, d.driver_ns / 1e6);
-	printf("  cuMemMap calls by object: weights %llu, kv %llu, activations %llu (memory given back and taken "
-	       "again between bursts, and within them where the slack exceeds its cap)\n",
+	printf("  map calls by object (cuMemMap; mmap on the host backend): weights %llu, kv %llu, activations %llu "
+	       "(memory given back and taken again between bursts, and within them where the slack exceeds its "
+	       "cap)\n",
 	       (unsigned long long)w.map_calls, (unsigned long long)k.map_calls, (unsigned long long)a.map_calls);
 	for (int b = 1; b <= bursts; b++) {
 		if (W.back_ms[b] >= 0)
