@@ -12,8 +12,9 @@ the same, so that each row of the table is one process, one side-by-side run.
 Reports, per trace, the granule floor (the peak of the live allocations each rounded up to the granule,
 over peak live: what an allocator holds that gives each allocation granules of its own and frees at once;
 the floor the issue names), held/live at peak and the pair cost (mean malloc + mean free, ns) of each
-allocator, then per allocator the median, the worst and the worst ratio to the floor over the family; writes every row to a CSV (--csv) and, if
-matplotlib can be imported, a plot (--plot; skipped with a note otherwise).
+allocator, then per allocator the median, the worst and the worst ratio to the floor over the family;
+writes every row to a CSV (--csv) and, if matplotlib can be imported, a plot (--plot; skipped with a note
+otherwise).
 
 Host backend (no GPU, or --backend=host): token counts are multiplied by --scale (bench/trace --scale)
 and, unless --host-granularity is given, the host backend's granule is scaled by the same factor (2 MiB x
@@ -116,7 +117,8 @@ def run_trace(args, shape, delay, allocs, gran):
     # Rounding up never shrinks: a floor below peak live is a bug of bench/trace, not a figure.
     bad = [r for r in out if float(r["floor"]) < 1.0]
     if bad:
-        sys.stderr.write("sweep: %s delay %d ms: granule floor %s below peak live\n" % (name, delay, bad[0]["floor"]))
+        sys.stderr.write("sweep: %s delay %d ms: granule floor %s below peak live\n"
+                         % (name, delay, bad[0]["floor"]))
     return proc.returncode == 0 and bool(out) and not bad, out, wall
 
 
@@ -249,8 +251,8 @@ def main():
             cells = "  ".join("%s %.3f %7.1fus" % (r["allocator"], float(r["ratio"]),
                                                    float(r["pair_mean_ns"]) / 1000) for r in out)
             floor = "floor %.3f  " % float(out[0]["floor"]) if out else ""
-            print("%-16s delay %4d ms  %s%s  (run %.1f s)%s" % (s[0], d, floor, cells, wall, "" if ok else "  FAILED"),
-                  flush=True)
+            print("%-16s delay %4d ms  %s%s  (run %.1f s)%s"
+                  % (s[0], d, floor, cells, wall, "" if ok else "  FAILED"), flush=True)
 
     print("\n%-11s %7s %7s %-30s %9s %9s %13s" % ("allocator", "median", "worst", "worst trace", "pair med",
                                                  "pair max", "worst /floor"))
@@ -274,9 +276,9 @@ def main():
                   sum(f > 1.10 for f in floors.values()), len(floors)))
     over = [r for r in rows if r["allocator"] in CUVMM_ALLOCS and float(r["ratio"]) > 1.10]
     ncv = len([r for r in rows if r["allocator"] in CUVMM_ALLOCS])
-    over_floor = [r for r in rows if r["allocator"] in CUVMM_ALLOCS and float(r["ratio"]) > 1.10 * float(r["floor"])]
-    print("cuvmm and cuvmmasync rows above the 1.10 target: %d of %d; above 1.10x their granule floor: %d of %d" % (
-        len(over), ncv, len(over_floor), ncv))
+    over_fl = [r for r in rows if r["allocator"] in CUVMM_ALLOCS and float(r["ratio"]) > 1.10 * float(r["floor"])]
+    print("cuvmm and cuvmmasync rows above the 1.10 target: %d of %d; above 1.10x their granule floor: %d of %d"
+          % (len(over), ncv, len(over_fl), ncv))
     if rows:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))

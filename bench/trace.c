@@ -1295,8 +1295,9 @@ static int write_csv(const char *path, const struct result *res, int n)
  * held_exact (1: the library's count after every op; 0: driver, sampled), driver_peak_held_bytes,
  * held_after_idle_bytes, idle_to_bound_ms (-1: never), sync_ms, trim_ms, return_ms, held_after_return_bytes,
  * map_calls, unmap_calls, create_calls, release_calls, driver_ms (pool map/unmap counts; context
- * create/release counts and driver time), granule_floor_bytes (trace_granule_floor()). Return rows: wall_ms = alloc ms, free_mean_ns empty, return_ms =
- * trim ms, held_after_idle_bytes = held before the trim, with free_ms in sync_ms.
+ * create/release counts and driver time), granule_floor_bytes (trace_granule_floor()). Return rows: wall_ms =
+ * alloc ms, free_mean_ns empty, return_ms = trim ms, held_after_idle_bytes = held before the trim, with
+ * free_ms in sync_ms.
  */
 static int write_summary(const char *path, const struct result *res, int n, const struct rtest *rt, int nrt)
 {

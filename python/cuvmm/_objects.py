@@ -118,10 +118,15 @@ def _object_peers(value, device, function, any_device=False):
             raise Error(ErrorCode.EINVAL, function, "peer_access=%r: a config for every device's pool cannot "
                         "name no peers (leave it None: the context's peer_access, which enable(peer_access="
                         "False) makes none)" % (value,))
-        if not isinstance(device, int) or isinstance(device, bool) or not 0 <= device < 64:
-            raise Error(ErrorCode.EINVAL, function, "device=%r" % (device,))
-        return 1 << device
+        return _device_bit(device, function, "device=%r")
     return mask
+
+
+def _device_bit(d, function, what):
+    """1 << d for a device index d (an int, not a bool, 0 to 63), else EINVAL saying `what` % d."""
+    if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < 64:
+        raise Error(ErrorCode.EINVAL, function, what % (d,))
+    return 1 << d
 
 
 def _peers(value, function):
@@ -132,9 +137,7 @@ def _peers(value, function):
     try:
         mask = 0
         for d in value:
-            if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < 64:
-                raise Error(ErrorCode.EINVAL, function, "peer_access names device %r" % (d,))
-            mask |= 1 << d
+            mask |= _device_bit(d, function, "peer_access names device %r")
         return mask
     except TypeError:
         raise Error(ErrorCode.EINVAL, function, "peer_access=%r" % (value,)) from None

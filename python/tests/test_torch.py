@@ -20,12 +20,25 @@ def _torch_gpu():
 needs_gpu = pytest.mark.skipif(not _torch_gpu(), reason="needs torch with a CUDA GPU (and CUVMM_BACKEND not host)")
 
 
+# What every scenario starts with: the imports, and a check that configure_pool refuses with a given code.
+PRELUDE = """import cuvmm, cuvmm.torch, torch, time, gc
+
+
+def configure_fails(code, name, **kw):
+    try:
+        cuvmm.torch.configure_pool(name, **kw)
+    except cuvmm.Error as e:
+        assert e.code == code, (name, kw, e)
+    else:
+        raise AssertionError("configure_pool(%r, %r) was accepted" % (name, kw))
+"""
+
+
 def run(code, env=None, timeout=600):
     e = dict(os.environ)
     e.pop("CUVMM_BACKEND", None)
     e.update(env or {})
-    prelude = "import cuvmm.torch, torch, time, gc\n"
-    r = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=e, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=e, capture_output=True,
                        text=True, timeout=timeout)
     assert r.returncode == 0, "scenario failed:\nstdout:\n%s\nstderr:\n%s" % (r.stdout, r.stderr[-6000:])
     return r.stdout
@@ -263,12 +276,7 @@ def test_configured_pool_takes_large_handles():
         from cuvmm._lib import lib
         cuvmm.torch.configure_pool('weights', coarse_bytes=64 << 20)  # before enable() works too
         for bad in (dict(coarse_bytes=-1), dict(max_bytes=1 << 64), dict(peer_access=[99])):
-            try:
-                cuvmm.torch.configure_pool('other', **bad)
-            except cuvmm.Error as e:
-                assert e.code == cuvmm.EINVAL, (bad, e)
-            else:
-                raise AssertionError(bad)
+            configure_fails(cuvmm.EINVAL, 'other', **bad)
         cuvmm.torch.enable(release_delay_ms=-1)
         ctx = lib.cuvmm_torch_ctx()
         creates = lambda: lib.cuvmm_ctx_call_count(ctx, cuvmm.Call.CREATE)
@@ -279,12 +287,7 @@ def test_configured_pool_takes_large_handles():
         assert c1 - c0 == 8, c1 - c0  # one handle per tensor
         x = torch.ones(64 << 20, dtype=torch.uint8, device='cuda')  # the default pool: 2 MiB handles
         assert creates() - c1 == 32, creates() - c1
-        try:
-            cuvmm.torch.configure_pool('weights', coarse_bytes=1 << 20)
-        except cuvmm.Error as e:
-            assert e.code == cuvmm.ESTATE, e
-        else:
-            raise AssertionError("configure_pool after first use")
+        configure_fails(cuvmm.ESTATE, 'weights', coarse_bytes=1 << 20)  # after first use
         held = cuvmm.torch.stats()['reserved_bytes']
         cuvmm.torch.sleep('weights')
         assert cuvmm.torch.stats()['reserved_bytes'] <= held - (512 << 20)
@@ -319,12 +322,7 @@ def test_first_allocations_inside_a_capture():
             g.replay()
             torch.cuda.synchronize()
             assert float(y.sum()) == float((i + 1) << 20), (i, float(y.sum()))
-        try:
-            cuvmm.torch.configure_pool('w', coarse_bytes=1 << 20)
-        except cuvmm.Error as e:
-            assert e.code == cuvmm.ESTATE, e
-        else:
-            raise AssertionError("configure_pool after a first use inside a capture")
+        configure_fails(cuvmm.ESTATE, 'w', coarse_bytes=1 << 20)  # after a first use inside a capture
         with cuvmm.torch.pool('w'):
             v = torch.full((16 << 20,), 2.0, device='cuda')  # the same pool outside the capture
         assert float(v.sum()) == 2.0 * (16 << 20)

@@ -13,15 +13,16 @@ Tensor.record_stream(), and CUDA graphs (torch.cuda.graph, shared graph pools, m
 torch.compile(mode="reduce-overhead")), whose memory is kept while a graph lives and given back after.
 doc/torch.md says how and what does not work.
 
-This module imports without torch. configure_pool(), trim() and graph_pools() work without it; enable() and stats()
-raise ImportError naming torch when it is missing; pool(), sleep(), sleep_prepare() and wake() raise
-RuntimeError until enable() has run.
+This module imports without torch. configure_pool(), trim() and graph_pools() work without it; enable()
+and stats() raise ImportError naming torch when it is missing; pool(), sleep(), sleep_prepare() and wake()
+raise RuntimeError until enable() has run.
 """
 import contextlib
 import ctypes
 import threading
 
 from .. import _lib, _objects
+from .._errors import Error, ErrorCode, check
 
 __all__ = ["enable", "enabled", "stats", "trim", "pool", "configure_pool", "sleep", "sleep_prepare", "wake",
            "graph_pools"]
@@ -40,7 +41,6 @@ def _c():
 
 
 def _check(fn, err):
-    from .._errors import check
     return check(err, fn)
 
 
@@ -334,7 +334,6 @@ def _name(name, function):
     if name is None:
         return None
     if not isinstance(name, str) or "\0" in name:
-        from .._errors import Error, ErrorCode
         raise Error(ErrorCode.EINVAL, function, "pool name %r: a str without NUL bytes, or None" % (name,))
     return name.encode()
 
