@@ -2,7 +2,9 @@
  * Do the driver's VMM calls scale with threads? Maps 8 GiB as 2 MiB and as 32 MiB handles (create + map +
  * set access), then unmaps and releases them, with the handles split over 1, 2, 4 and 8 threads. Uses the
  * driver API directly (no cuvmm): it measures what any release could gain by issuing its calls in parallel.
- * On the H200 it gained nothing (doc/design.md, "Pools"): the driver serialises these calls.
+ * On the H200 it gained nothing (doc/design.md, "Pools"): the driver serialises these calls. Then unmaps
+ * 2 MiB handles in ranges of 1 to 4096 neighbours per cuMemUnmap: one call over many handles cost as much
+ * as one call each (doc/performance.md), so an unmap is priced per handle.
  *
  *   bench/driver_threads [--help]      (GPU only)
  *
@@ -48,6 +50,16 @@ static void *work(void *arg) {
 	}
 	return NULL;
 }
+/* Unmap the n handles in ranges of r neighbours (one cuMemUnmap per range), then release them: is an unmap
+ * priced per call or per handle? Times both parts apart; *rel_ms gets the releases. */
+static double range_down(size_t r, double *rel_ms) {
+	double t0 = now();
+	for (size_t i = 0; i < n; i += r) CK(p_cuMemUnmap(base + i * sz, (i + r <= n ? r : n - i) * sz));
+	double t1 = now();
+	for (size_t i = 0; i < n; i++) CK(p_cuMemRelease(h[i]));
+	*rel_ms = now() - t1;
+	return t1 - t0;
+}
 static double phase(int T, int up) {
 	pthread_t th[64]; struct job j[64]; double t0 = now();
 	for (int t = 0; t < T; t++) { j[t] = (struct job){n * t / T, n * (t + 1) / T, up}; pthread_create(&th[t], NULL, work, &j[t]); }
@@ -79,7 +91,8 @@ int main(int argc, char **argv) {
 	static const char help[] =
 		"Usage: driver_threads [--help]\n"
 		"Do the CUDA driver's VMM calls scale with threads? Maps 8 GiB of device 0 as 2 MiB and as 32 MiB\n"
-		"handles and unmaps them again, with the handles split over 1, 2, 4 and 8 threads. GPU only.\n"
+		"handles and unmaps them again, with the handles split over 1, 2, 4 and 8 threads; then unmaps 2 MiB\n"
+		"handles in ranges of 1 to 4096 neighbours per call. GPU only.\n"
 		"\n"
 		"  --help   print this help and exit\n"
 		"\n"
@@ -107,6 +120,13 @@ int main(int argc, char **argv) {
 		for (int k = 0; k < 4; k++) {
 			double up = phase(Ts[k], 1), down = phase(Ts[k], 0);
 			printf("handle %zu MiB x %zu, threads %d: up (create+map+access) %.1f ms, down (unmap+release) %.1f ms\n", sz >> 20, n, Ts[k], up, down);
+		}
+		if (s == 0) {
+			size_t rs[] = {1, 16, 32, 512, 4096};
+			for (int k = 0; k < 5; k++) {
+				double rel, up = phase(1, 1), un = range_down(rs[k], &rel);
+				printf("handle %zu MiB x %zu, unmap in ranges of %zu handles: up %.1f ms, unmap %.1f ms (%zu calls), release %.1f ms\n", sz >> 20, n, rs[k], up, un, (n + rs[k] - 1) / rs[k], rel);
+			}
 		}
 		CK(p_cuMemAddressFree(base, n * sz)); free(h);
 	}
