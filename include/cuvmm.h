@@ -487,7 +487,8 @@ struct cuvmm_pool_config {
 	size_t size;       /**< sizeof(struct cuvmm_pool_config), set by cuvmm_pool_config_init() */
 	int device;        /**< device whose memory the pool hands out; default 0 */
 	size_t max_bytes;  /**< address space to reserve; 0: twice the device's memory (or device_limit_bytes) */
-	const char *name;  /**< for statistics and logs, e.g. "weights", "kv", "activations"; copied */
+	const char *name;  /**< for statistics and logs, e.g. "weights", "kv", "activations"; copied, at most
+	                        31 bytes of it (a longer name is cut); NULL: "pool" */
 	uint64_t peer_access; /**< devices given access to the pool's memory (bit i: device i; the pool's own
 	                           device always has it, so 1 << device means none other; CUVMM_PEERS_ALL: every
 	                           device); 0: the context's peer_access (the default). See @ref peers */

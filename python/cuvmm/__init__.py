@@ -54,10 +54,25 @@ _log_lock = _threading.Lock()
 _log_cb = None
 
 
+def _log_level(level):
+    """A LogLevel from a LogLevel, its int, or a name as CUVMM_LOG takes it ("warn" or "warning", any case)."""
+    if isinstance(level, str):
+        name = level.upper()
+        try:
+            return LogLevel["WARN" if name == "WARNING" else name]
+        except KeyError:
+            raise ValueError("unknown log level %r; one of error, warn, info, debug" % level) from None
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError("a log level is a LogLevel, an int or a name, not %r" % type(level).__name__)
+    return LogLevel(level)
+
+
 def set_log_callback(fn, level=LogLevel.WARN):
     """Send the library's messages to fn(level: LogLevel, message: str) instead of stderr; None restores
     stderr. Process-wide. Exceptions raised by fn are ignored. level: the least severe level passed on."""
     global _log_cb
+    if fn is not None and not callable(fn):
+        raise TypeError("set_log_callback: fn must be callable or None, not %r" % type(fn).__name__)
     with _log_lock:
         if fn is None:
             _c.cuvmm_set_log_callback(_LOG_FN(), None, LogLevel.WARN)
@@ -71,7 +86,7 @@ def set_log_callback(fn, level=LogLevel.WARN):
                 pass
 
         cb = _LOG_FN(sink)
-        _c.cuvmm_set_log_callback(cb, None, LogLevel[level.upper()] if isinstance(level, str) else LogLevel(level))
+        _c.cuvmm_set_log_callback(cb, None, _log_level(level))
         _log_cb = cb  # the previous callback may go now: the library no longer calls it
 
 

@@ -55,19 +55,27 @@ class LogLevel(enum.IntEnum):
     DEBUG = 3
 
 
+def _c_int(value, what):
+    """value for a C int argument of a name lookup: an int (not a bool); one outside C's int range names
+    nothing, so it becomes INT_MIN, which names nothing either (ctypes would wrap 2**32 - 1 to -1)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("%s must be an int, not %r" % (what, type(value).__name__))
+    return value if -(1 << 31) <= value < 1 << 31 else -(1 << 31)
+
+
 def strerror(code):
     """The library's message for an error code ("invalid argument"); "unknown error" for any other int."""
-    return lib.cuvmm_strerror(int(code)).decode()
+    return lib.cuvmm_strerror(_c_int(code, "an error code")).decode()
 
 
 def call_name(call):
     """The driver function behind a Call ("cuMemMap"); "?" for any other int."""
-    return lib.cuvmm_call_name(int(call)).decode()
+    return lib.cuvmm_call_name(_c_int(call, "a driver call")).decode()
 
 
 def err_name(code):
     """The name of an error code ("CUVMM_EINVAL"); "CUVMM_E?" for any other int."""
-    return lib.cuvmm_err_name(int(code)).decode()
+    return lib.cuvmm_err_name(_c_int(code, "an error code")).decode()
 
 
 def last_driver_error():
@@ -153,6 +161,10 @@ class ClosedError(InvalidArgument):
 
     def __init__(self, what):
         super().__init__(ErrorCode.EINVAL, None, "%s is closed" % what)
+        self.what = what
+
+    def __reduce__(self):
+        return (ClosedError, (self.what,))
 
 
 _BY_CODE = {

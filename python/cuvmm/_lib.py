@@ -168,26 +168,35 @@ PROTOTYPES = {
 
 
 def _int_range(t):
-    """(lo, hi) of an integer ctypes type; None for other types (pointers, bool)."""
+    """(lo, hi) of an integer or pointer ctypes type (a pointer: an address, 0 to 2**64 - 1); None for
+    other types (bool, pointers to structs)."""
     code = getattr(t, "_type_", None)
-    if not isinstance(code, str) or code not in "bBhHiIlLqQ":
+    if not isinstance(code, str) or code not in "bBhHiIlLqQP":
         return None
     bits = 8 * ctypes.sizeof(t)
     return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if code.islower() else (0, (1 << bits) - 1)
 
 
-# name: ((argument index, lo, hi), ...) for the integer arguments. ctypes wraps an int that does not fit
-# (-1 becomes SIZE_MAX, 2**32 becomes 0) without a word; bad_int_arg finds it first.
-INT_ARGS = {name: tuple((i,) + _int_range(t) for i, t in enumerate(argtypes) if _int_range(t))
+# name: ((argument index, lo, hi, is address), ...) for the integer and address arguments. ctypes wraps an
+# int that does not fit (-1 becomes SIZE_MAX, 2**32 becomes 0, 2**64 + p becomes p) without a word, and
+# takes True as 1; bad_int_arg finds both first.
+INT_ARGS = {name: tuple((i,) + _int_range(t) + (getattr(t, "_type_", None) == "P",)
+                        for i, t in enumerate(argtypes) if _int_range(t))
             for name, (_, argtypes) in PROTOTYPES.items()}
 
 
 def bad_int_arg(fn, args):
-    """A message for the first int argument of fn(*args) that its C type cannot hold; None if none."""
-    for i, lo, hi in INT_ARGS[fn.__name__]:
+    """A message for the first integer argument of fn(*args) that is not an int (a bool, a float, a str)
+    or that its C type cannot hold; None if none. An address argument also takes None (NULL). Arguments
+    are counted from 1, in C's order."""
+    for i, lo, hi, address in INT_ARGS[fn.__name__]:
         v = args[i]
-        if isinstance(v, int) and not lo <= v <= hi:
-            return "argument %d = %d does not fit its C type [%d, %d]" % (i, v, lo, hi)
+        if address and v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool):
+            return "argument %d = %r is not %s" % (i + 1, v, "an address (int)" if address else "an integer")
+        if not lo <= v <= hi:
+            return "argument %d = %d does not fit its C type [%d, %d]" % (i + 1, v, lo, hi)
     return None
 
 

@@ -9,7 +9,7 @@ call after close() raises ClosedError instead of passing a dangling handle to C.
 import ctypes
 import threading
 
-from ._errors import _BY_CODE, Backend, Call, ClosedError, Error, ErrorCode, check
+from ._errors import _BY_CODE, Backend, Busy, Call, ClosedError, Error, ErrorCode, check
 from ._lib import Config, KVConfig, KVMove, PoolConfig, StatsStruct, bad_int_arg, lib
 
 __all__ = ["Context", "Pool", "Region", "KV", "Stats"]
@@ -93,6 +93,20 @@ def _set(st, field, value, function):
 PEERS_ALL = (1 << 64) - 1  # CUVMM_PEERS_ALL
 
 
+def pool_name(name, function, max_len=None):
+    """A pool name for the C API: None, or a str without NUL bytes (C would cut it there: "a\0b" would
+    name "a", "\0" the default pool), at most max_len bytes in UTF-8 when given (C keeps no more); anything
+    else is EINVAL."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or "\0" in name:
+        raise Error(ErrorCode.EINVAL, function, "pool name %r: a str without NUL bytes, or None" % (name,))
+    b = name.encode()
+    if max_len is not None and len(b) > max_len:
+        raise Error(ErrorCode.EINVAL, function, "pool name %r: longer than %d bytes" % (name, max_len))
+    return b
+
+
 def pool_config(function, device=0, max_bytes=0, peer_access=None, coarse_bytes=0, any_device=False):
     """A struct cuvmm_pool_config with these values (peer_access: as Context.pool()), for `function`'s
     errors. any_device: the config serves pools of every device (cuvmm.torch.configure_pool), where no one
@@ -147,6 +161,8 @@ def _stream(stream):
     """A CUstream from 0/None, an int handle, a ctypes value, or an object with .cuda_stream (torch)."""
     if stream is None:
         return None
+    if isinstance(stream, bool):
+        raise TypeError("stream must be an int, None, or have .cuda_stream or ._as_parameter_, not a bool")
     if isinstance(stream, int):
         return stream or None
     if hasattr(stream, "cuda_stream"):
@@ -161,14 +177,14 @@ def _stream(stream):
 
 
 def _ptr(ptr):
-    """A device address (int) from an int, None, or a ctypes pointer."""
-    if ptr is None:
-        return None
-    if isinstance(ptr, int):
-        return ptr
+    """A device address (int) from an int, None, or a ctypes pointer (c_void_p or a POINTER instance).
+    Anything else (a str, a float, a bool) goes through as it is, for the call's argument check to refuse
+    with EINVAL, as it refuses an address out of range."""
     if isinstance(ptr, ctypes.c_void_p):
         return ptr.value
-    return ctypes.cast(ptr, ctypes.c_void_p).value
+    if isinstance(ptr, ctypes._Pointer):
+        return ctypes.cast(ptr, ctypes.c_void_p).value
+    return ptr
 
 
 class _State:
@@ -180,43 +196,74 @@ class _State:
     handle (it is here) and destroy it first; the pool's own __del__ then finds it closed.
     """
 
-    __slots__ = ("h", "destroy", "cv", "busy", "children", "parent")
+    __slots__ = ("h", "destroy", "cv", "busy", "callers", "closer", "children", "parent")
 
     def __init__(self, destroy, parent=None):
         self.h = None
         self.destroy = destroy
         self.cv = threading.Condition(threading.Lock())
         self.busy = 0
+        self.callers = {}  # thread id: calls it has in flight on the object
+        self.closer = None  # the thread destroying the object, until it is destroyed
         self.children = set()  # the states of the objects created on a context
         self.parent = parent
 
     def enter(self, what):
+        me = threading.get_ident()
         with self.cv:
             if self.h is None:
                 raise ClosedError(what)
             self.busy += 1
+            self.callers[me] = self.callers.get(me, 0) + 1
             return self.h
 
     def leave(self):
+        me = threading.get_ident()
         with self.cv:
             self.busy -= 1
+            if self.callers[me] == 1:
+                del self.callers[me]
+            else:
+                self.callers[me] -= 1
             if not self.busy:
                 self.cv.notify_all()
 
-    def close(self):
+    def _in_call(self, me):
+        """Whether thread `me` is inside a call on this object or on one of its children (a log callback
+        run by that call, say): closing would wait for that call, that is for itself."""
+        with self.cv:
+            if me in self.callers:
+                return True
+            children = list(self.children)
+        return any(c._in_call(me) for c in children)
+
+    def close(self, what):
+        me = threading.get_ident()
+        if self._in_call(me):
+            raise Busy(ErrorCode.EBUSY, None, "%s closed from inside a call on it (a log callback?)" % what)
         with self.cv:
             h = self.h
             if h is None:
+                # Another thread may be destroying it: done means destroyed (a context destroys its
+                # children first, and a destroyed child must not be destroyed again under it).
+                while self.closer is not None and self.closer != me:
+                    self.cv.wait()
                 return
             self.h = None  # new calls fail from here on
+            self.closer = me
             while self.busy:  # calls in flight finish first
                 self.cv.wait()
-        # Children first: cuvmm_ctx_destroy would otherwise destroy them under their Python objects.
-        for child in list(self.children):
-            child.close()
-        self.destroy(h)
-        if self.parent is not None:
-            self.parent.children.discard(self)
+        try:
+            # Children first: cuvmm_ctx_destroy would otherwise destroy them under their Python objects.
+            for child in list(self.children):
+                child.close("a child")
+            self.destroy(h)
+        finally:
+            with self.cv:
+                self.closer = None
+                self.cv.notify_all()
+            if self.parent is not None:
+                self.parent.children.discard(self)
 
 
 class _Handle:
@@ -260,7 +307,16 @@ class _Handle:
         """Destroy the C object (a context: its pools, regions and kv objects first); later calls raise
         ClosedError. Idempotent."""
         if self._s is not None:
-            self._s.close()
+            self._s.close(self._what())
+
+    def __copy__(self):
+        raise TypeError("a cuvmm.%s cannot be copied: it owns its C object" % type(self).__name__)
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a cuvmm.%s cannot be pickled: it owns a C object of this process" % type(self).__name__)
 
     def __enter__(self):
         return self
@@ -288,6 +344,8 @@ def _backend(value):
 
 
 def _call_enum(call):
+    if isinstance(call, bool) or not isinstance(call, (int, str)):
+        raise TypeError("a driver call is a str (\"map\") or a cuvmm.Call, not %r" % type(call).__name__)
     if isinstance(call, str):
         try:
             return Call[call.upper()]
@@ -300,13 +358,19 @@ def _call_enum(call):
 def _err_code(err):
     if isinstance(err, str):
         name = err.upper()
-        return ErrorCode[name[6:] if name.startswith("CUVMM_") else name]
+        try:
+            return ErrorCode[name[6:] if name.startswith("CUVMM_") else name]
+        except KeyError:
+            raise ValueError("unknown error name %r; one of %s"
+                             % (err, ", ".join(e.name for e in ErrorCode if e < 0))) from None
     if isinstance(err, type):
         for code, cls in _BY_CODE.items():
             if cls is err:
                 return code
         raise ValueError("%s names no single error code" % err.__name__)
-    return int(err)
+    if isinstance(err, bool) or not isinstance(err, int):
+        raise TypeError("an error is a cuvmm code, its name or its exception class, not %r" % (err,))
+    return err
 
 
 class Context(_Handle):
@@ -328,16 +392,15 @@ class Context(_Handle):
         fn = "cuvmm_ctx_create"
         if backend is not None:
             cfg.backend = _backend(backend)
-        if background_release is not None:
-            cfg.background_release = bool(background_release)
         peer_access = _peers(peer_access, fn)
         for field, value in (("release_delay_ms", release_delay_ms), ("retain_bytes", retain_bytes),
                              ("device_limit_bytes", device_limit_bytes), ("host_granularity", host_granularity),
-                             ("host_devices", host_devices), ("peer_access", peer_access)):
+                             ("host_devices", host_devices), ("peer_access", peer_access),
+                             ("background_release", background_release)):
             if value is not None:
+                _set(cfg, field, value, fn)  # the kind first: "1G" < 0 would be a TypeError
                 if value < (-1 if field == "release_delay_ms" else 0):
                     raise Error(ErrorCode.EINVAL, fn, "%s=%r" % (field, value))
-                _set(cfg, field, value, fn)
         out = ctypes.c_void_p()
         check(lib.cuvmm_ctx_create(ctypes.byref(cfg), ctypes.byref(out)), "cuvmm_ctx_create")
         self._s = _State(lib.cuvmm_ctx_destroy)
@@ -440,7 +503,7 @@ class Pool(_Child):
         cfg = pool_config("cuvmm_pool_create", device, max_bytes, peer_access, coarse_bytes)
         self.name = name
         self.device = device
-        cfg.name = None if name is None else str(name).encode()  # the library copies it
+        cfg.name = pool_name(name, "cuvmm_pool_create", 31)  # the library copies it
         super().__init__(ctx, lib.cuvmm_pool_create, ctypes.byref(cfg))
 
     def _what(self):
@@ -457,7 +520,8 @@ class Pool(_Child):
         return out.value
 
     def free(self, ptr, stream=0):
-        """Free an address from malloc(); None/0 is a no-op. With a stream: stream-ordered."""
+        """Free an address from malloc() (an int or a ctypes pointer); None/0 is a no-op. With a stream:
+        stream-ordered. Another kind, or an int that is no address, is EINVAL and frees nothing."""
         s = _stream(stream)
         if s is None:
             self._call(lib.cuvmm_free, _ptr(ptr))
@@ -563,12 +627,23 @@ class KV(_Child):
 
     def address(self, tensor, block):
         """The device address of one block of one tensor."""
+        if isinstance(block, bool) or not isinstance(block, int):
+            raise TypeError("block must be an int, not %r" % type(block).__name__)
+        if not 0 <= block < self.max_blocks:
+            raise IndexError("block %d out of range(%d)" % (block, self.max_blocks))
         return self.tensor(tensor) + block * self.block_bytes
+
+    def _count(self, n, function):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise Error(ErrorCode.EINVAL, function, "%r is not an integer" % (n,))
+        return n
 
     def alloc(self, n):
         """Allocate n block ids (all or nothing), backed in every tensor; returns a list of ints."""
-        if not 0 < n <= 0xFFFFFFFF:  # before the array is made; the C call rejects 0
+        if not 0 < self._count(n, "cuvmm_kv_alloc") <= 0xFFFFFFFF:  # the C call rejects 0 too
             raise Error(ErrorCode.EINVAL, "cuvmm_kv_alloc", "n=%d" % n)
+        if n > self.max_blocks:  # before an array of n ids is made: the C call could never grant it
+            raise Error(ErrorCode.ENOSPC, "cuvmm_kv_alloc", "n=%d > max_blocks=%d" % (n, self.max_blocks))
         ids = (ctypes.c_uint32 * n)()
         self._call(lib.cuvmm_kv_alloc, n, ids)
         return list(ids)
@@ -576,7 +651,7 @@ class KV(_Child):
     def free(self, ids, stream=0):
         """Free block ids (each allocated, each once, else nothing is freed)."""
         ids = list(ids)
-        if not ids or any(not 0 <= i <= 0xFFFFFFFF for i in ids):
+        if not ids or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= 0xFFFFFFFF for i in ids):
             raise Error(ErrorCode.EINVAL, "cuvmm_kv_free", "ids=%r" % (ids[:8],))
         arr = (ctypes.c_uint32 * len(ids))(*ids)
         self._call(lib.cuvmm_kv_free, len(ids), arr, _stream(stream))
@@ -584,9 +659,11 @@ class KV(_Child):
     def compact(self, max_moves):
         """Propose moves that empty the sparsest pages: a list of (from, to) block ids. The `to` blocks are
         allocated for the caller: copy, then free the `from` blocks (or free the `to` ones to drop the plan)."""
-        if max_moves <= 0:
+        if self._count(max_moves, "cuvmm_kv_compact") <= 0:
             return []
-        max_moves = min(max_moves, self.max_blocks)  # a move per block in use at most
+        # A move per block in use at most: the array is sized by those, not by the argument or max_blocks.
+        in_use = self.stats().live_bytes // (self.block_bytes * self.tensors)
+        max_moves = max(1, min(max_moves, in_use, 0xFFFFFFFF))  # 1: the call still says ESTATE when asleep
         moves = (KVMove * max_moves)()
         n = ctypes.c_uint32()
         self._call(lib.cuvmm_kv_compact, max_moves, moves, ctypes.byref(n))

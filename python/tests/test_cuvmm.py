@@ -830,6 +830,171 @@ class TestThreads(unittest.TestCase):
             self.assertTrue(pool.closed)
 
 
+class TestMisuse(unittest.TestCase):
+    """What an adversarial review found: each case failed (crashed, hung, wrapped or coerced) before."""
+
+    def test_close_racing_a_child_close(self):
+        """A child closed on one thread while its context closes on another is destroyed once: the context
+        waits for the child's destroy (it segfaulted or aborted every time)."""
+        code = """
+import cuvmm, threading
+for i in range(60):
+    ctx = cuvmm.Context(release_delay_ms=-1, background_release=False)
+    r = ctx.region(256 << 20); r.resize(16 << 20)
+    pool = ctx.pool("p"); ptrs = [pool.malloc(1 << 20) for _ in range(8)]
+    kv = ctx.kv(4096, 64); kv.alloc(3)
+    ts = [threading.Thread(target=o.close) for o in (r, pool, kv)]
+    for t in ts: t.start()
+    ctx.close()
+    for t in ts: t.join()
+    assert r.closed and pool.closed and kv.closed and ctx.closed
+print("ok")
+"""
+        out = run_python(code)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        self.assertIn("ok", out.stdout)
+
+    def test_close_inside_a_log_callback(self):
+        """Closing an object from a log callback run by a call on that object (or on a child of the
+        context closed) would wait for itself: Busy (swallowed by the callback), and the object stays
+        usable; it hung before."""
+        code = """
+import cuvmm
+ctx = cuvmm.Context(release_delay_ms=-1, background_release=False)
+pool = ctx.pool("x")
+seen = []
+def cb(lvl, msg):
+    for o in (pool, ctx):
+        try:
+            o.close()
+        except cuvmm.Busy as e:
+            seen.append(type(o).__name__)
+cuvmm.set_log_callback(cb, "debug")
+ctx.inject_fault("create", count=1, err=cuvmm.EDRIVER)
+try:
+    pool.malloc(1 << 20)
+except cuvmm.DriverError:
+    pass
+cuvmm.set_log_callback(None)
+assert "Pool" in seen and "Context" in seen, seen
+assert not pool.closed and not ctx.closed
+pool.free(pool.malloc(1 << 20))
+ctx.close()
+print("ok")
+"""
+        out = run_python(code)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        self.assertIn("ok", out.stdout)
+
+    def test_copy_and_pickle_refused(self):
+        """A copy would share the C object, and dropping it closed the original."""
+        import copy
+        import pickle
+        with new_ctx() as ctx:
+            pool = ctx.pool("w")
+            for obj in (ctx, pool):
+                with self.assertRaises(TypeError):
+                    copy.copy(obj)
+                with self.assertRaises(TypeError):
+                    copy.deepcopy(obj)
+                with self.assertRaises(TypeError):
+                    pickle.dumps(obj)
+            self.assertFalse(ctx.closed or pool.closed)
+            e = pickle.loads(pickle.dumps(cuvmm.ClosedError("Pool 'w'")))
+            self.assertIs(type(e), cuvmm.ClosedError)
+            self.assertIn("Pool 'w' is closed", str(e))
+
+    def test_addresses_and_streams_do_not_wrap(self):
+        """p + 2**64 freed p; a stream of 2**64 became NULL; name lookups wrapped into real codes."""
+        with new_ctx() as ctx:
+            pool = ctx.pool("w")
+            p = pool.malloc(4096)
+            for bad in (p + (1 << 64), 1 << 64, -p):
+                with self.assertRaises(cuvmm.InvalidArgument, msg=hex(bad)):
+                    pool.free(bad)
+            with self.assertRaises(cuvmm.InvalidArgument):
+                pool.sleep(stream=1 << 64)
+            with self.assertRaises(cuvmm.InvalidArgument):
+                pool.malloc(4096, stream=-1)
+            for bad in ("x", 2.5, True):
+                with self.assertRaisesRegex(cuvmm.InvalidArgument, "not an address", msg=repr(bad)):
+                    pool.free(bad)
+            self.assertEqual(pool.stats().live_bytes, 4096)
+            pool.free(p)
+        self.assertEqual(cuvmm.strerror((1 << 32) - 1), "unknown error")
+        self.assertEqual(cuvmm.strerror(1 << 40), "unknown error")
+        self.assertEqual(cuvmm.err_name(-1 - (1 << 32)), "CUVMM_E?")
+        self.assertEqual(cuvmm.call_name(1 << 33), "?")
+        with self.assertRaises(TypeError):
+            cuvmm.strerror(-1.0)
+
+    def test_method_arguments_of_the_wrong_kind(self):
+        """True became 1 and 2.5 raised ctypes.ArgumentError; now EINVAL naming the argument."""
+        with new_ctx() as ctx:
+            pool, kv, r = ctx.pool("w"), ctx.kv(4096, 64), ctx.region(64 * MiB)
+            calls = [lambda: pool.malloc(True), lambda: pool.malloc(2.5), lambda: ctx.region(True),
+                     lambda: pool.trim(True), lambda: ctx.stats(None), lambda: ctx.trim(0, 2.5),
+                     lambda: r.map(0, 2.5), lambda: kv.alloc(True), lambda: kv.alloc(2.5),
+                     lambda: kv.compact("1"), lambda: cuvmm.Context(retain_bytes="1G"),
+                     lambda: cuvmm.Context(background_release="off"),
+                     lambda: cuvmm.Context(background_release=2)]
+            for i, call in enumerate(calls):
+                with self.assertRaises(cuvmm.InvalidArgument, msg="call %d" % i) as cm:
+                    call()
+                self.assertRegex(str(cm.exception), "not an integer|not a bool|not an address", "call %d" % i)
+            self.assertEqual(pool.stats().live_bytes, 0)
+            self.assertEqual(kv.stats().live_bytes, 0)
+            with self.assertRaises(TypeError):
+                ctx.call_count(True)
+            with self.assertRaises(TypeError):
+                ctx.inject_fault(True)
+            with self.assertRaises(TypeError):
+                ctx.inject_fault("map", err=-2.5)
+            with self.assertRaises(ValueError):
+                ctx.inject_fault("map", err="bogus")
+
+    def test_kv_counts_and_addresses(self):
+        """alloc(n) made an array of n ids before any check (2**32 - 1: 16 GiB); compact sized its array by
+        the argument; address() took any block."""
+        with new_ctx() as ctx:
+            kv = ctx.kv(4096, 64, tensors=2)
+            with self.assertRaises(cuvmm.NoSpace):
+                kv.alloc(0xFFFFFFFF)
+            with self.assertRaises(cuvmm.InvalidArgument):
+                kv.alloc(1 << 32)
+            ids = kv.alloc(3)
+            self.assertEqual(len(kv.compact(1 << 40)) <= 3, True)
+            self.assertEqual(kv.address(1, 2), kv.tensor(1) + 2 * 4096)
+            for bad in (-1, 64):
+                with self.assertRaises(IndexError):
+                    kv.address(0, bad)
+            for bad in ([True], [2.5], ["1"], [ids[0], None]):
+                with self.assertRaises(cuvmm.InvalidArgument, msg=repr(bad)):
+                    kv.free(bad)
+            self.assertEqual(kv.stats().live_bytes, 3 * 2 * 4096)
+            with self.assertRaises(TypeError):
+                kv.address(0, 2.5)
+            kv.free(ids)
+
+    def test_pool_names(self):
+        """C copies at most 31 bytes and stops at a NUL; other kinds became their str()."""
+        with new_ctx() as ctx:
+            for bad in ("a\0b", b"x", 123, "n" * 32, "\u00e9" * 16):
+                with self.assertRaises(cuvmm.InvalidArgument, msg=repr(bad)):
+                    ctx.pool(bad)
+            self.assertEqual(ctx.pool("n" * 31).name, "n" * 31)
+            ctx.pool(None).close()
+
+    def test_log_levels(self):
+        """"warning" is CUVMM_LOG's word too; a bad level or callback says so."""
+        cuvmm.set_log_callback(lambda lvl, msg: None, "warning")
+        cuvmm.set_log_callback(None)
+        with self.assertRaises(ValueError):
+            cuvmm.set_log_callback(lambda lvl, msg: None, "loud")
+        with self.assertRaises(TypeError):
+            cuvmm.set_log_callback(5)
+
+
 class TestLogCallback(unittest.TestCase):
     def test_callback(self):
         got = []

@@ -329,13 +329,8 @@ def _install(torch):
 # ----- named pools -----
 
 def _name(name, function):
-    """A pool name for the C API: None (the default pool) or a str without NUL bytes (C would cut it there,
-    and "\0" would be the default pool); anything else is EINVAL. Length is the library's to check."""
-    if name is None:
-        return None
-    if not isinstance(name, str) or "\0" in name:
-        raise Error(ErrorCode.EINVAL, function, "pool name %r: a str without NUL bytes, or None" % (name,))
-    return name.encode()
+    """A pool name for the C API (cuvmm._objects.pool_name); its length is the library's to check."""
+    return _objects.pool_name(name, function)
 
 
 @contextlib.contextmanager
