@@ -44,7 +44,9 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1011,9 +1013,72 @@ struct rtest {
 	int64_t drv_before, drv_after;
 	uint64_t driver_ns; /* cuvmm: time in driver calls from the frees to the end of the trim */
 	uint64_t unmap_calls, release_calls;
+	uint64_t probe_pairs; /* malloc + free pairs of 1 MiB that another thread made during the trim */
+	double probe_max_us;  /* the longest of them */
 };
 
 static uint64_t RT_PIECE = 64 * MIB; /* --return-piece-bytes */
+
+/*
+ * Another thread allocating from the same pool (cuvmm) or memory pool (cudaMallocAsync, its own stream)
+ * while the memory is given back: how long the give-back stops it. One 1 MiB malloc + free pair after the
+ * other until told to stop; the longest pair and the count.
+ */
+struct probe {
+	pthread_t t;
+	struct cuvmm_pool *pool; /* NULL: cudaMallocAsync on `stream` */
+	cudaStream_t stream;
+	atomic_bool go, stop;
+	uint64_t pairs, max_ns;
+	int err;
+};
+
+static void *probe_main(void *arg)
+{
+	struct probe *pr = arg;
+
+	atomic_store(&pr->go, true);
+	while (!atomic_load(&pr->stop) && !pr->err) {
+		uint64_t t0 = now_ns(), dt;
+		void *q = NULL;
+
+		if (pr->pool) {
+			if (!(pr->err = cuvmm_malloc(pr->pool, MIB, &q)))
+				pr->err = cuvmm_free(pr->pool, q);
+		} else if (!(pr->err = (int)cudaMallocAsync(&q, MIB, pr->stream))) {
+			if (!(pr->err = (int)cudaFreeAsync(q, pr->stream)))
+				pr->err = (int)cudaStreamSynchronize(pr->stream);
+		}
+		dt = now_ns() - t0;
+		pr->pairs++;
+		if (dt > pr->max_ns)
+			pr->max_ns = dt;
+	}
+	return NULL;
+}
+
+static int probe_start(struct probe *pr, struct cuvmm_pool *pool, cudaStream_t stream)
+{
+	memset(pr, 0, sizeof(*pr));
+	pr->pool = pool;
+	pr->stream = stream;
+	if (pthread_create(&pr->t, NULL, probe_main, pr))
+		return -1;
+	while (!atomic_load(&pr->go))
+		;
+	return 0;
+}
+
+static int probe_stop(struct probe *pr, struct rtest *rt)
+{
+	atomic_store(&pr->stop, true);
+	pthread_join(pr->t, NULL);
+	rt->probe_pairs = pr->pairs;
+	rt->probe_max_us = (double)pr->max_ns / 1e3;
+	if (pr->err)
+		fprintf(stderr, "trace: return test: the allocating thread failed: %d\n", pr->err);
+	return pr->err ? -1 : 0;
+}
 
 static int rtest_cuvmm(struct rtest *rt, uint64_t bytes)
 {
@@ -1026,6 +1091,7 @@ static int rtest_cuvmm(struct rtest *rt, uint64_t bytes)
 	void **p = xmalloc(n * sizeof(*p));
 	uint64_t t0, base = 0, u;
 	int err = CUVMM_OK, rc = -1;
+	struct probe pr;
 	bool drv;
 
 	memset(p, 0, n * sizeof(*p));
@@ -1087,12 +1153,17 @@ static int rtest_cuvmm(struct rtest *rt, uint64_t bytes)
 			goto out;
 		rt->drv_before = u > base ? (int64_t)(u - base) : 0;
 	}
+	if (probe_start(&pr, pool, NULL))
+		goto out;
 	t0 = now_ns();
-	if ((err = cuvmm_pool_trim(pool, 0)) != CUVMM_OK) {
+	err = cuvmm_pool_trim(pool, 0);
+	rt->trim_ms = (double)(now_ns() - t0) / 1e6;
+	if (probe_stop(&pr, rt))
+		goto out;
+	if (err != CUVMM_OK) {
 		cuvmm_fail(err, "cuvmm_pool_trim");
 		goto out;
 	}
-	rt->trim_ms = (double)(now_ns() - t0) / 1e6;
 	if ((err = cuvmm_ctx_stats(ctx, 0, &s1)) != CUVMM_OK || (err = cuvmm_pool_stats(pool, &s0)) != CUVMM_OK) {
 		cuvmm_fail(err, "cuvmm_*_stats");
 		goto out;
@@ -1118,9 +1189,11 @@ out:
 	return rc;
 }
 
-static int rtest_async_body(struct rtest *rt, void **p, size_t n)
+static int rtest_async_body(struct rtest *rt, void **p, size_t n, cudaStream_t side)
 {
 	uint64_t th = UINT64_MAX, base, u, t0;
+	struct probe pr;
+	cudaError_t e;
 
 	CK(cudaMemPoolSetAttribute(g_mempool, cudaMemPoolAttrReleaseThreshold, &th));
 	if (driver_used(&base))
@@ -1141,9 +1214,14 @@ static int rtest_async_body(struct rtest *rt, void **p, size_t n)
 		return -1;
 	rt->drv_before = u > base ? (int64_t)(u - base) : 0;
 	rt->held_before = (uint64_t)rt->drv_before;
+	if (probe_start(&pr, NULL, side))
+		return -1;
 	t0 = now_ns();
-	CK(cudaMemPoolTrimTo(g_mempool, 0));
+	e = cudaMemPoolTrimTo(g_mempool, 0);
 	rt->trim_ms = (double)(now_ns() - t0) / 1e6;
+	if (probe_stop(&pr, rt))
+		return -1;
+	CK(e);
 	if (driver_used(&u))
 		return -1;
 	rt->drv_after = u > base ? (int64_t)(u - base) : 0;
@@ -1156,6 +1234,7 @@ static int rtest_async(struct rtest *rt, uint64_t bytes)
 	size_t n = (size_t)((bytes + RT_PIECE - 1) / RT_PIECE);
 	void **p = xmalloc(n * sizeof(*p));
 	uint64_t old = 0;
+	cudaStream_t side = NULL;
 	int rc = -1;
 
 	memset(p, 0, n * sizeof(*p));
@@ -1163,8 +1242,9 @@ static int rtest_async(struct rtest *rt, uint64_t bytes)
 	rt->ran = true;
 	rt->bytes = (uint64_t)n * RT_PIECE;
 	rt->drv_before = rt->drv_after = -1;
-	if (!cuda_quiesce() && cudaMemPoolGetAttribute(g_mempool, cudaMemPoolAttrReleaseThreshold, &old) == cudaSuccess) {
-		rc = rtest_async_body(rt, p, n);
+	if (!cuda_quiesce() && cudaMemPoolGetAttribute(g_mempool, cudaMemPoolAttrReleaseThreshold, &old) == cudaSuccess &&
+	    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess) {
+		rc = rtest_async_body(rt, p, n, side);
 		for (size_t i = 0; i < n; i++)
 			if (p[i])
 				(void)cudaFreeAsync(p[i], g_stream);
@@ -1173,6 +1253,8 @@ static int rtest_async(struct rtest *rt, uint64_t bytes)
 		if (cudaMemPoolSetAttribute(g_mempool, cudaMemPoolAttrReleaseThreshold, &old) != cudaSuccess)
 			rc = -1;
 	}
+	if (side)
+		(void)cudaStreamDestroy(side);
 	free(p);
 	rt->ok = rc == 0;
 	return rc;
@@ -1254,7 +1336,8 @@ static void print_rtests(const struct rtest *rt, int n)
 			printf(" (driver-side %.1f -> %.1f MiB)", (double)r->drv_before / MIB, (double)r->drv_after / MIB);
 		if (!r->cuvmm)
 			printf(" cudaMallocAsync/cudaFreeAsync, threshold UINT64_MAX; held from the driver");
-		printf("\n");
+		printf("; another thread meanwhile: %" PRIu64 " pairs, the longest %.1f us\n", r->probe_pairs,
+		       r->probe_max_us);
 	}
 	printf("cuvmm side: context with release_delay_ms = -1, so the trim is what gives the memory back; free ms "
 	       "includes the stream synchronisation for cudaFreeAsync\n");

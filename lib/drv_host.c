@@ -82,6 +82,17 @@ static struct host_state *states;
 /* Pairs of devices without peer access (cvm_host_peer_deny): bit `peer` of no_peer[dev]. */
 static _Atomic uint64_t no_peer[HOST_MAX_DEVICES];
 
+/* A function run at the start of every unmap (cvm_host_unmap_hook), for tests of what holds which lock while
+ * memory is unmapped. */
+static void (*_Atomic unmap_hook)(void *);
+static void *_Atomic unmap_hook_arg;
+
+void cvm_host_unmap_hook(void (*fn)(void *arg), void *arg)
+{
+	atomic_store(&unmap_hook_arg, arg);
+	atomic_store(&unmap_hook, fn);
+}
+
 static bool bad_dev(const void *state, int dev)
 {
 	return dev < 0 || dev >= ((const struct host_state *)state)->ndev;
@@ -652,9 +663,12 @@ static int host_unmap(void *state, int dev, uintptr_t va, size_t size)
 {
 	struct host_state *st = state;
 	struct host_span *m;
+	void (*hook)(void *) = atomic_load(&unmap_hook);
 	uintptr_t at;
 	int e;
 
+	if (hook)
+		hook(atomic_load(&unmap_hook_arg));
 	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!range_ok(va, size))
