@@ -75,6 +75,9 @@ struct cvm_run *cvm_coalesce(struct cuvmm_pool *p, struct cvm_run *run);
 /* Split off the first k granules of `run` (out of the indexes) as a new run (edges set, in no index); the
  * rest stays in `run`. NULL: no memory for the bookkeeping. */
 struct cvm_run *cvm_split_front(struct cuvmm_pool *p, struct cvm_run *run, size_t k);
+/* Take the first k granules (a chunk boundary) of a settled FREE run out of the indexes as a run of their
+ * own; the rest keeps its place. NULL: no memory for the bookkeeping. */
+struct cvm_run *cvm_free_take_front(struct cuvmm_pool *p, struct cvm_run *run, size_t k);
 /* May an allocation on `stream` (NULL: no stream) take this FREE run now? */
 bool cvm_free_usable(struct cuvmm_pool *p, struct cvm_run *run, CUstream stream);
 /* Settle up to `max` pending FREE runs whose events have completed. */

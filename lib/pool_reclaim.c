@@ -278,8 +278,10 @@ again:
 		 * small, and the pass comes straight back for more. (A pass stops once CVM_GOING_BATCH granules
 		 * are detached; runs are taken whole, as cutting them would cost the cap the pass it loses to a
 		 * busy pool.) Only an empty pool, which nothing allocates from, gives its memory back at once.
-		 * A trim unmaps batch after batch itself: under the lock, 8 GiB of 2 MiB chunks would stop every
-		 * allocation from the pool for the 100 ms their unmaps take (facts file). */
+		 * A trim unmaps batch after batch itself, cutting long runs at a chunk boundary: under the lock,
+		 * or in one batch that an allocation needing to map must wait for, 8 GiB of 2 MiB chunks (one
+		 * FREE run once its allocations are all freed) would stop allocations from the pool for the
+		 * 100 ms their unmaps take on the H200 (bench/trace's return test). */
 		if (p->fp || force) {
 			if (batch >= CVM_GOING_BATCH) {
 				if (!force) {
@@ -292,6 +294,22 @@ again:
 				if (cvm_region_asleep(&p->r))
 					return UINT64_MAX;
 				goto again;
+			}
+			if (force && run->len > CVM_GOING_BATCH - batch) {
+				size_t cut = cvm_region_chunk_end_locked(&p->r, run->start + CVM_GOING_BATCH - batch - 1) -
+					     run->start;
+				struct cvm_run *front = cut < run->len ? cvm_free_take_front(p, run, cut) : NULL;
+
+				if (front) {
+					batch += cut;
+					by_trim += cvm_gbytes(p, cut);
+					front->kind = CVM_RUN_GOING;
+					front->lnext = going;
+					going = front;
+					p->going++;
+					next = run; /* the rest, after this batch */
+					continue;
+				}
 			}
 			batch += run->len;
 		}

@@ -167,6 +167,24 @@ struct cvm_run *cvm_split_front(struct cuvmm_pool *p, struct cvm_run *run, size_
 	return front;
 }
 
+/* Take the first k granules of a settled FREE run (k < its length, a chunk boundary) out of the indexes as a
+ * run of their own, edges set, carrying the run's age and fence; the rest keeps its place in the age list.
+ * NULL: no memory for the bookkeeping (nothing changed). */
+struct cvm_run *cvm_free_take_front(struct cuvmm_pool *p, struct cvm_run *run, size_t k)
+{
+	struct cvm_run *front;
+
+	cvm_bin_remove(p, run);
+	front = cvm_split_front(p, run, k);
+	cvm_bin_insert(p, run);
+	if (!front)
+		return NULL;
+	front->freed_ns = run->freed_ns;
+	front->fence = run->fence; /* settled: no event to share, at most an epoch already reached */
+	p->free_bytes -= cvm_gbytes(p, k);
+	return front;
+}
+
 /* ----- settling: FREE runs freed on a stream, or before a device synchronisation ----- */
 
 /* May an allocation on `stream` (NULL: no stream) take this FREE run now? Settled runs, yes; a run pending on

@@ -1577,25 +1577,29 @@ END_TEST
  * take to unmap on the H200 stopped every allocation from the pool. Each host unmap checks the lock. */
 struct lock_probe {
 	struct cuvmm_pool *pool;
-	atomic_uint calls, free;
+	unsigned calls, free, batches; /* batches: unmaps that saw a mapped_bytes other than the last one's */
+	uint64_t mapped;
 };
 
 static void probe_lock(void *arg)
 {
 	struct lock_probe *pr = arg;
+	uint64_t mapped;
 
-	atomic_fetch_add(&pr->calls, 1);
-	if (pthread_mutex_trylock(&pr->pool->r.lock) == 0) {
-		atomic_fetch_add(&pr->free, 1);
-		pthread_mutex_unlock(&pr->pool->r.lock);
-	}
+	pr->calls++;
+	if (pthread_mutex_trylock(&pr->pool->r.lock))
+		return;
+	pthread_mutex_unlock(&pr->pool->r.lock);
+	pr->free++;
+	mapped = tc_pool_stats(pr->pool).mapped_bytes; /* a batch's bytes leave mapped_bytes after its unmaps */
+	pr->batches += mapped != pr->mapped;
+	pr->mapped = mapped;
 }
 
 START_TEST(test_trim_unlocked)
 {
 	struct cuvmm_ctx *ctx;
 	struct lock_probe pr = {0};
-	unsigned calls, unlocked;
 	size_t g;
 	void *p[40];
 
@@ -1613,11 +1617,11 @@ START_TEST(test_trim_unlocked)
 	cvm_host_unmap_hook(probe_lock, &pr);
 	trim_ok(pr.pool, 0);
 	cvm_host_unmap_hook(NULL, NULL);
-	calls = atomic_load(&pr.calls);
-	unlocked = atomic_load(&pr.free);
-	printf("trim of 20 free runs: %u unmaps, %u of them with the pool's lock free\n", calls, unlocked);
-	ck_assert_uint_eq(calls, 20);
-	ck_assert_uint_eq(unlocked, 20);
+	printf("trim of 20 free runs: %u unmaps, %u of them with the pool's lock free, in %u batches\n", pr.calls,
+	       pr.free, pr.batches);
+	ck_assert_uint_eq(pr.calls, 20);
+	ck_assert_uint_eq(pr.free, 20);
+	ck_assert_uint_eq(pr.batches, 2); /* 16 + 4 runs */
 	ck_assert_uint_eq(tc_pool_stats(pr.pool).mapped_bytes, 20 * g);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 20 * g);
 	tc_assert_os_matches(ctx);
@@ -1625,8 +1629,26 @@ START_TEST(test_trim_unlocked)
 		ck_assert_uint_eq(pat_bad(p[i], g, (uint32_t)i), 0);
 		ck_assert_int_eq(cuvmm_free(pr.pool, p[i]), CUVMM_OK);
 	}
+
 	trim_ok(pr.pool, 0);
+	cuvmm_pool_destroy(pr.pool);
+
+	/* Now one free run of 40 granules of one chunk each: cut into batches of 16, 16 and 8. */
+	pr = (struct lock_probe){.pool = new_pool(ctx, 0)};
+	for (int i = 0; i < 40; i++)
+		ck_assert_int_eq(cuvmm_malloc(pr.pool, g, &p[i]), CUVMM_OK);
+	for (int i = 0; i < 40; i++)
+		ck_assert_int_eq(cuvmm_free(pr.pool, p[i]), CUVMM_OK);
+	cvm_host_unmap_hook(probe_lock, &pr);
+	trim_ok(pr.pool, 0);
+	cvm_host_unmap_hook(NULL, NULL);
+	printf("trim of one free run of 40 granules: %u unmaps, %u with the lock free, in %u batches\n", pr.calls,
+	       pr.free, pr.batches);
+	ck_assert_uint_eq(pr.calls, 40);
+	ck_assert_uint_eq(pr.free, 40);
+	ck_assert_uint_eq(pr.batches, 3);
 	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 0);
+	tc_assert_os_matches(ctx);
 	cuvmm_pool_destroy(pr.pool);
 	cuvmm_ctx_destroy(ctx);
 }
