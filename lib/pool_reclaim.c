@@ -219,6 +219,39 @@ static void unmap_going(struct cuvmm_pool *p, struct cvm_run *going)
 
 #define CVM_SYNC_RETRY_NS 100000000ull /* a failed device synchronisation is retried after 100 ms */
 
+/*
+ * A trim's batch of detached runs: synchronise the device first (lock dropped) when a run in it is younger
+ * than the last synchronisation (a free beside it, after the trim began, merged into it and gave it its
+ * epoch), then unmap it. Detached, no allocation can take it and no free can merge into it meanwhile, so
+ * one synchronisation covers it: under a steady stream of frees beside a long run, a trim that skipped
+ * such runs and synchronised again found them young again, and gave back nothing. On a failed
+ * synchronisation (a stream capture under way) the runs go back to FREE and the error is returned.
+ */
+static int trim_going(struct cuvmm_pool *p, struct cvm_run *going, bool sync)
+{
+	struct cvm_run *run;
+	int err = CUVMM_OK;
+
+	if (sync) {
+		pthread_mutex_unlock(&p->r.lock);
+		err = cvm_dev_sync_epoch(p->r.dev);
+		pthread_mutex_lock(&p->r.lock);
+	}
+	if (!err) {
+		unmap_going(p, going);
+		return CUVMM_OK;
+	}
+	for (run = going; run; run = going) {
+		going = run->lnext;
+		run->lnext = run->lprev = NULL;
+		run->kind = CVM_RUN_FREE;
+		p->going--;
+		cvm_free_link(p, run);
+		cvm_coalesce(p, run);
+	}
+	return err;
+}
+
 /* Wait (lock held, dropped meanwhile) until no reclaim pass is unmapping GOING runs of this pool. */
 void cvm_wait_going(struct cuvmm_pool *p)
 {
@@ -240,8 +273,9 @@ static uint64_t reclaim_locked(struct cuvmm_pool *p, uint64_t now, bool force, s
 	struct cuvmm_ctx *ctx = p->r.ctx;
 	struct cvm_run *run, *next;
 	uint64_t deadline = UINT64_MAX, lead;
-	bool want_sync = false, synced = false;
+	bool want_sync = false, synced = false, young = false;
 	struct cvm_run *going = NULL;
+	int err = CUVMM_OK;
 	size_t cap, batch = 0, by_delay = 0, by_cap = 0, by_trim = 0;
 
 	window_roll(p, now);
@@ -268,8 +302,11 @@ again:
 			break;
 		}
 		if (cvm_fence_done(&p->r.dev->fence, &run->fence) <= 0) {
-			want_sync = true;
-			continue;
+			if (!force) {
+				want_sync = true;
+				continue;
+			}
+			young = true; /* detached all the same; its batch synchronises first (trim_going) */
 		}
 		/* Detach it: out of every index, GOING, so nothing allocates or merges it while the chunks are
 		 * unmapped below without the lock. In batches while the pool holds allocations, for runs due by
@@ -288,11 +325,12 @@ again:
 					deadline = now;
 					break;
 				}
-				unmap_going(p, going);
+				err = trim_going(p, going, young);
 				going = NULL;
 				batch = 0;
-				if (cvm_region_asleep(&p->r))
-					return UINT64_MAX;
+				young = false;
+				if (err)
+					break;
 				goto again;
 			}
 			if (force && run->len > CVM_GOING_BATCH - batch) {
@@ -321,8 +359,6 @@ again:
 		p->going++;
 	}
 	if (want_sync && !synced) {
-		int err;
-
 		/* The runs detached so far are unmapped first: an allocation that must map waits for GOING
 		 * runs (cvm_make_room), and it must wait for one batch of unmaps, never for the GPU. */
 		if (going) {
@@ -346,8 +382,17 @@ again:
 		if (now + CVM_SYNC_RETRY_NS < deadline)
 			deadline = now + CVM_SYNC_RETRY_NS;
 	}
-	if (going)
-		unmap_going(p, going);
+	if (going) {
+		if (force)
+			err = trim_going(p, going, young);
+		else
+			unmap_going(p, going);
+	}
+	/* A trim that could not synchronise for runs freed after it began leaves them mapped, FREE. */
+	if (force && err)
+		cvm_log(err == CUVMM_EBUSY ? CUVMM_LOG_INFO : CUVMM_LOG_ERROR,
+			"pool \"%s\": trim: synchronising the device failed: %s; runs freed meanwhile stay mapped",
+			p->name, cuvmm_strerror(err));
 	/* The release decision: what this pass unmapped and why (its chunks go to the device's cache, which
 	 * gives them back to the driver and says so). */
 	if (by_delay)

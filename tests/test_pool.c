@@ -1654,6 +1654,73 @@ START_TEST(test_trim_unlocked)
 }
 END_TEST
 
+/* Frees beside a long free run while a trim runs: each merges into the run and makes it younger than the
+ * trim's synchronisation. The trim used to skip such a run, synchronise once more, find it young again and
+ * give back nothing; it now detaches the run (no free can merge into it then) and synchronises for it.
+ * The gate holds the trim in each synchronisation while this thread frees beside the run. */
+static void *trim_thread(void *arg)
+{
+	return (void *)(intptr_t)cuvmm_pool_trim(arg, 0);
+}
+
+static void wait_gate_waiters(unsigned n, const char *what)
+{
+	for (int i = 0; i < 5000 && cvm_host_gate_waiters(0) != n; i++)
+		tc_sleep_ms(1);
+	ck_assert_msg(cvm_host_gate_waiters(0) == n, "%s: %u threads at the gate, not %u", what,
+		      cvm_host_gate_waiters(0), n);
+}
+
+START_TEST(test_trim_under_frees)
+{
+	struct cuvmm_ctx *ctx;
+	struct cuvmm_pool *pool, *other;
+	CUstream st = new_stream(0);
+	pthread_t t;
+	void *a[40], *b, *w[2], *ret;
+	size_t g;
+
+	if (!tc_on_host())
+		return; /* needs the gate */
+	ctx = new_ctx(-1, false, 0, 0);
+	pool = new_pool(ctx, 0);
+	other = new_pool(ctx, 0); /* its frees on a stream are work in flight, without the pool's lock */
+	g = tc_granularity(ctx);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(cuvmm_malloc(other, 4096, &w[i]), CUVMM_OK);
+	for (int i = 0; i < 40; i++)
+		ck_assert_int_eq(cuvmm_malloc(pool, g, &a[i]), CUVMM_OK);
+	for (int i = 1; i < 40; i++)
+		ck_assert_int_eq(cuvmm_free(pool, a[i]), CUVMM_OK); /* one free run of 39 granules */
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_free_async(other, w[0], st), CUVMM_OK); /* work the synchronisation waits for */
+	ck_assert_int_eq(pthread_create(&t, NULL, trim_thread, pool), 0);
+	wait_gate_waiters(1, "the trim's own synchronisation");
+	ck_assert_int_eq(cuvmm_free(pool, a[0]), CUVMM_OK); /* merges: the run is younger than it */
+	pthread_mutex_lock(&pool->r.lock);                  /* the trim stops here after its synchronisation */
+	cvm_host_gate_open();
+	wait_gate_waiters(0, "the trim past its synchronisation");
+	cvm_host_gate_close();
+	ck_assert_int_eq(cuvmm_free_async(other, w[1], st), CUVMM_OK);
+	pthread_mutex_unlock(&pool->r.lock);
+	wait_gate_waiters(1, "the trim synchronising again, for the young run");
+	ck_assert_int_eq(cuvmm_malloc(pool, g, &b), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(pool, b), CUVMM_OK); /* beside a free run again, after that began */
+	cvm_host_gate_open();
+	ck_assert_int_eq(pthread_join(t, &ret), 0);
+	ck_assert_int_eq((int)(intptr_t)ret, CUVMM_OK);
+	printf("trim under frees: %llu MiB still mapped in the pool, %llu MiB held\n",
+	       U(tc_pool_stats(pool).mapped_bytes >> 20), U(tc_ctx_stats(ctx).held_bytes >> 20));
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, tc_pool_stats(other).mapped_bytes); /* none cached */
+	cuvmm_pool_destroy(pool);
+	trim_ok(other, 0);
+	cuvmm_pool_destroy(other);
+	tc_assert_os_matches(ctx);
+	cuvmm_ctx_destroy(ctx);
+}
+END_TEST
+
 /* What an idle pool may hold with allocations live: each large allocation its granules plus at most
  * max(1, k/16) granules to the end of its chunk, each slab its granule plus at most one. */
 struct idle_set {
@@ -2817,6 +2884,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_release_retain);
 	tcase_add_test(tc, test_trim_keep);
 	tcase_add_test(tc, test_trim_unlocked);
+	tcase_add_test(tc, test_trim_under_frees);
 	tcase_add_test(tc, test_idle_bound);
 	tcase_add_test(tc, test_idle_bound_cut_extension);
 	tcase_add_test(tc, test_slack_bound);
