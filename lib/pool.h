@@ -88,6 +88,7 @@ struct cuvmm_pool {
 	struct cvm_acct pacct;         /* live bytes of the pool, feeding the device's */
 	_Atomic bool want_sync;        /* slack over its cap waits for a device sync (set by frees) */
 	unsigned going;                /* GOING runs: the reclaim pass is unmapping them without the lock */
+	unsigned going_waiters;        /* threads in cvm_wait_going: a trim lets them in between its batches */
 };
 
 /* The caller's config as this library's struct, its defaults where it has none: NULL gives the defaults, and

@@ -255,11 +255,15 @@ static int trim_going(struct cuvmm_pool *p, struct cvm_run *going, bool sync)
 /* Wait (lock held, dropped meanwhile) until no reclaim pass is unmapping GOING runs of this pool. */
 void cvm_wait_going(struct cuvmm_pool *p)
 {
+	if (!p->going)
+		return;
+	p->going_waiters++;
 	while (p->going) {
 		pthread_mutex_unlock(&p->r.lock);
 		sched_yield();
 		pthread_mutex_lock(&p->r.lock);
 	}
+	p->going_waiters--;
 }
 
 /*
@@ -331,6 +335,15 @@ again:
 				young = false;
 				if (err)
 					break;
+				/* Allocations that waited for this batch go before the next one, or they would wait
+				 * for the whole trim (24-56 ms on the H200, bench/trace's return test). */
+				while (p->going_waiters) {
+					pthread_mutex_unlock(&p->r.lock);
+					sched_yield();
+					pthread_mutex_lock(&p->r.lock);
+				}
+				if (cvm_region_asleep(&p->r))
+					return UINT64_MAX;
 				goto again;
 			}
 			if (force && run->len > CVM_GOING_BATCH - batch) {

@@ -1721,6 +1721,89 @@ START_TEST(test_trim_under_frees)
 }
 END_TEST
 
+/* An allocation that must map while a trim unmaps a batch waits for that batch, not for the whole trim: the
+ * trim lets it in before its next batch. At the first unmap of the first batch an allocating thread starts
+ * and is seen waiting; at the first unmap of the second, its allocation must have returned. */
+struct trim_waiter {
+	struct cuvmm_pool *pool;
+	size_t bytes;
+	unsigned unmaps; /* the trim's (the allocation may unmap slack too, on its own thread) */
+	pthread_t t, trimmer;
+	atomic_bool done;
+	bool started, waited, served;
+	void *ptr;
+};
+
+static void *trim_waiter_main(void *arg)
+{
+	struct trim_waiter *w = arg;
+
+	ck_assert_int_eq(cuvmm_malloc(w->pool, w->bytes, &w->ptr), CUVMM_OK);
+	atomic_store(&w->done, true);
+	return NULL;
+}
+
+static void trim_waiter_hook(void *arg)
+{
+	struct trim_waiter *w = arg;
+
+	if (!pthread_equal(pthread_self(), w->trimmer))
+		return;
+	w->unmaps++;
+	if (w->unmaps == 1) { /* the first batch: 16 unmaps */
+		w->started = pthread_create(&w->t, NULL, trim_waiter_main, w) == 0;
+		for (int i = 0; i < 5000 && !w->waited; i++) {
+			tc_sleep_ms(1);
+			w->waited = atomic_load((_Atomic unsigned *)&w->pool->going_waiters) == 1;
+		}
+	} else if (w->unmaps == 17) { /* the second batch */
+		for (int i = 0; i < 5000 && !atomic_load(&w->done); i++)
+			tc_sleep_ms(1);
+		w->served = atomic_load(&w->done);
+	}
+}
+
+START_TEST(test_trim_lets_allocations_in)
+{
+	struct cuvmm_ctx *ctx;
+	struct trim_waiter w = {0};
+	size_t g;
+	void *a[41];
+
+	if (!tc_on_host())
+		return; /* needs the host backend's unmap hook */
+	ctx = new_ctx(-1, false, 0, 0);
+	w.pool = new_pool(ctx, 0);
+	g = tc_granularity(ctx);
+	w.bytes = 64 * g; /* more than the free run: it must map */
+	/* A recent peak of 400 granules: a cap of 100, so that the allocation maps without unmapping the rest
+	 * of the run as slack itself (then the trim would have no second batch). */
+	ck_assert_int_eq(cuvmm_malloc(w.pool, 400 * g, &a[0]), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(w.pool, a[0]), CUVMM_OK);
+	trim_ok(w.pool, 0);
+	for (int i = 0; i < 41; i++)
+		ck_assert_int_eq(cuvmm_malloc(w.pool, g, &a[i]), CUVMM_OK);
+	ck_assert_uint_eq((uintptr_t)a[40] - (uintptr_t)a[0], 40 * g);
+	for (int i = 0; i < 40; i++)
+		ck_assert_int_eq(cuvmm_free(w.pool, a[i]), CUVMM_OK); /* one run of 40: batches of 16, 16, 8 */
+	/* a[40] stays: the allocation cannot take the rest of the run and extend it into address space */
+	w.trimmer = pthread_self();
+	cvm_host_unmap_hook(trim_waiter_hook, &w);
+	trim_ok(w.pool, 0);
+	cvm_host_unmap_hook(NULL, NULL);
+	ck_assert(w.started);
+	pthread_join(w.t, NULL);
+	printf("trim with an allocation waiting: seen waiting %d, served before the next batch %d (%u unmaps)\n",
+	       w.waited, w.served, w.unmaps);
+	ck_assert_uint_ge(w.unmaps, 17);
+	ck_assert(w.waited);
+	ck_assert(w.served);
+	ck_assert_int_eq(cuvmm_free(w.pool, w.ptr), CUVMM_OK);
+	ck_assert_int_eq(cuvmm_free(w.pool, a[40]), CUVMM_OK);
+	close_empty(ctx, w.pool);
+}
+END_TEST
+
 /* What an idle pool may hold with allocations live: each large allocation its granules plus at most
  * max(1, k/16) granules to the end of its chunk, each slab its granule plus at most one. */
 struct idle_set {
@@ -2885,6 +2968,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_trim_keep);
 	tcase_add_test(tc, test_trim_unlocked);
 	tcase_add_test(tc, test_trim_under_frees);
+	tcase_add_test(tc, test_trim_lets_allocations_in);
 	tcase_add_test(tc, test_idle_bound);
 	tcase_add_test(tc, test_idle_bound_cut_extension);
 	tcase_add_test(tc, test_slack_bound);
