@@ -1014,7 +1014,9 @@ struct rtest {
 	uint64_t driver_ns; /* cuvmm: time in driver calls from the frees to the end of the trim */
 	uint64_t unmap_calls, release_calls;
 	uint64_t probe_pairs; /* malloc + free pairs of 1 MiB that another thread made during the trim */
+	uint64_t probe_over_1ms, probe_over_10ms; /* how many of them took longer than 1 ms, 10 ms */
 	double probe_max_us;  /* the longest of them */
+	double probe_max_at_ms; /* when it began, from the start of the thread (just before the trim) */
 };
 
 static uint64_t RT_PIECE = 64 * MIB; /* --return-piece-bytes */
@@ -1029,7 +1031,7 @@ struct probe {
 	struct cuvmm_pool *pool; /* NULL: cudaMallocAsync on `stream` */
 	cudaStream_t stream;
 	atomic_bool go, stop;
-	uint64_t pairs, max_ns;
+	uint64_t pairs, max_ns, max_at, over_1ms, over_10ms, t0;
 	int err;
 };
 
@@ -1051,8 +1053,12 @@ static void *probe_main(void *arg)
 		}
 		dt = now_ns() - t0;
 		pr->pairs++;
-		if (dt > pr->max_ns)
+		pr->over_1ms += dt > 1000000;
+		pr->over_10ms += dt > 10000000;
+		if (dt > pr->max_ns) {
 			pr->max_ns = dt;
+			pr->max_at = t0 - pr->t0;
+		}
 	}
 	return NULL;
 }
@@ -1062,6 +1068,7 @@ static int probe_start(struct probe *pr, struct cuvmm_pool *pool, cudaStream_t s
 	memset(pr, 0, sizeof(*pr));
 	pr->pool = pool;
 	pr->stream = stream;
+	pr->t0 = now_ns(); /* the give-back starts right after the thread does */
 	if (pthread_create(&pr->t, NULL, probe_main, pr))
 		return -1;
 	while (!atomic_load(&pr->go))
@@ -1075,6 +1082,9 @@ static int probe_stop(struct probe *pr, struct rtest *rt)
 	pthread_join(pr->t, NULL);
 	rt->probe_pairs = pr->pairs;
 	rt->probe_max_us = (double)pr->max_ns / 1e3;
+	rt->probe_over_1ms = pr->over_1ms;
+	rt->probe_over_10ms = pr->over_10ms;
+	rt->probe_max_at_ms = (double)pr->max_at / 1e6;
 	if (pr->err)
 		fprintf(stderr, "trace: return test: the allocating thread failed: %d\n", pr->err);
 	return pr->err ? -1 : 0;
@@ -1336,8 +1346,9 @@ static void print_rtests(const struct rtest *rt, int n)
 			printf(" (driver-side %.1f -> %.1f MiB)", (double)r->drv_before / MIB, (double)r->drv_after / MIB);
 		if (!r->cuvmm)
 			printf(" cudaMallocAsync/cudaFreeAsync, threshold UINT64_MAX; held from the driver");
-		printf("; another thread meanwhile: %" PRIu64 " pairs, the longest %.1f us\n", r->probe_pairs,
-		       r->probe_max_us);
+		printf("; another thread meanwhile: %" PRIu64 " pairs (%" PRIu64 " over 1 ms, %" PRIu64 " over 10 ms), "
+		       "the longest %.1f us, from %.1f ms\n", r->probe_pairs, r->probe_over_1ms, r->probe_over_10ms,
+		       r->probe_max_us, r->probe_max_at_ms);
 	}
 	printf("cuvmm side: context with release_delay_ms = -1, so the trim is what gives the memory back; free ms "
 	       "includes the stream synchronisation for cudaFreeAsync\n");

@@ -82,15 +82,26 @@ static struct host_state *states;
 /* Pairs of devices without peer access (cvm_host_peer_deny): bit `peer` of no_peer[dev]. */
 static _Atomic uint64_t no_peer[HOST_MAX_DEVICES];
 
-/* A function run at the start of every unmap (cvm_host_unmap_hook), for tests of what holds which lock while
- * memory is unmapped. */
-static void (*_Atomic unmap_hook)(void *);
-static void *_Atomic unmap_hook_arg;
+/* A function run at the start of every call of one kind (cvm_host_call_hook), for tests of what holds which
+ * lock, and what others can do, while memory is unmapped or released. */
+static void (*_Atomic call_hook)(void *);
+static void *_Atomic call_hook_arg;
+static _Atomic int call_hook_call = -1;
 
-void cvm_host_unmap_hook(void (*fn)(void *arg), void *arg)
+void cvm_host_call_hook(enum cuvmm_call call, void (*fn)(void *arg), void *arg)
 {
-	atomic_store(&unmap_hook_arg, arg);
-	atomic_store(&unmap_hook, fn);
+	atomic_store(&call_hook, NULL);
+	atomic_store(&call_hook_arg, arg);
+	atomic_store(&call_hook_call, (int)call);
+	atomic_store(&call_hook, fn);
+}
+
+static void run_hook(enum cuvmm_call call)
+{
+	void (*hook)(void *) = atomic_load(&call_hook);
+
+	if (hook && atomic_load(&call_hook_call) == (int)call)
+		hook(atomic_load(&call_hook_arg));
 }
 
 static bool bad_dev(const void *state, int dev)
@@ -597,6 +608,7 @@ static int host_release(void *state, int dev, cvm_handle h)
 	struct host_state *st = state;
 	struct host_chunk *c = (struct host_chunk *)(uintptr_t)h;
 
+	run_hook(CUVMM_CALL_RELEASE);
 	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!c || c->magic != HOST_CHUNK_MAGIC)
@@ -663,12 +675,10 @@ static int host_unmap(void *state, int dev, uintptr_t va, size_t size)
 {
 	struct host_state *st = state;
 	struct host_span *m;
-	void (*hook)(void *) = atomic_load(&unmap_hook);
 	uintptr_t at;
 	int e;
 
-	if (hook)
-		hook(atomic_load(&unmap_hook_arg));
+	run_hook(CUVMM_CALL_UNMAP);
 	if (bad_dev(state, dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (!range_ok(va, size))

@@ -40,8 +40,9 @@ void cvm_host_peer_deny(int dev, int peer, bool deny);
  * 0 if none or not mapped. */
 uint64_t cvm_host_access(const void *p);
 
-/* Run fn(arg) at the start of every host unmap, on the unmapping thread, in any host context (NULL: none). */
-void cvm_host_unmap_hook(void (*fn)(void *arg), void *arg);
+/* Run fn(arg) at the start of every host call of one kind (CUVMM_CALL_UNMAP or CUVMM_CALL_RELEASE), on the
+ * calling thread, in any host context; fn NULL: none. One hook at a time. */
+void cvm_host_call_hook(enum cuvmm_call call, void (*fn)(void *arg), void *arg);
 
 /* Bytes of host memory registered (host_register) and not unregistered, in this process. */
 size_t cvm_host_registered_bytes(void);

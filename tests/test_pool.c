@@ -1614,9 +1614,9 @@ START_TEST(test_trim_unlocked)
 	}
 	for (int i = 0; i < 40; i += 2)
 		ck_assert_int_eq(cuvmm_free(pr.pool, p[i]), CUVMM_OK); /* 20 free runs between live ones */
-	cvm_host_unmap_hook(probe_lock, &pr);
+	cvm_host_call_hook(CUVMM_CALL_UNMAP, probe_lock, &pr);
 	trim_ok(pr.pool, 0);
-	cvm_host_unmap_hook(NULL, NULL);
+	cvm_host_call_hook(CUVMM_CALL_UNMAP, NULL, NULL);
 	printf("trim of 20 free runs: %u unmaps, %u of them with the pool's lock free, in %u batches\n", pr.calls,
 	       pr.free, pr.batches);
 	ck_assert_uint_eq(pr.calls, 20);
@@ -1639,9 +1639,9 @@ START_TEST(test_trim_unlocked)
 		ck_assert_int_eq(cuvmm_malloc(pr.pool, g, &p[i]), CUVMM_OK);
 	for (int i = 0; i < 40; i++)
 		ck_assert_int_eq(cuvmm_free(pr.pool, p[i]), CUVMM_OK);
-	cvm_host_unmap_hook(probe_lock, &pr);
+	cvm_host_call_hook(CUVMM_CALL_UNMAP, probe_lock, &pr);
 	trim_ok(pr.pool, 0);
-	cvm_host_unmap_hook(NULL, NULL);
+	cvm_host_call_hook(CUVMM_CALL_UNMAP, NULL, NULL);
 	printf("trim of one free run of 40 granules: %u unmaps, %u with the lock free, in %u batches\n", pr.calls,
 	       pr.free, pr.batches);
 	ck_assert_uint_eq(pr.calls, 40);
@@ -1788,9 +1788,9 @@ START_TEST(test_trim_lets_allocations_in)
 		ck_assert_int_eq(cuvmm_free(w.pool, a[i]), CUVMM_OK); /* one run of 40: batches of 16, 16, 8 */
 	/* a[40] stays: the allocation cannot take the rest of the run and extend it into address space */
 	w.trimmer = pthread_self();
-	cvm_host_unmap_hook(trim_waiter_hook, &w);
+	cvm_host_call_hook(CUVMM_CALL_UNMAP, trim_waiter_hook, &w);
 	trim_ok(w.pool, 0);
-	cvm_host_unmap_hook(NULL, NULL);
+	cvm_host_call_hook(CUVMM_CALL_UNMAP, NULL, NULL);
 	ck_assert(w.started);
 	pthread_join(w.t, NULL);
 	printf("trim with an allocation waiting: seen waiting %d, served before the next batch %d (%u unmaps)\n",
@@ -1801,6 +1801,59 @@ START_TEST(test_trim_lets_allocations_in)
 	ck_assert_int_eq(cuvmm_free(w.pool, w.ptr), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free(w.pool, a[40]), CUVMM_OK);
 	close_empty(ctx, w.pool);
+}
+END_TEST
+
+/* While a trim releases the chunks it unmapped, an allocation that misses takes one still cached rather than
+ * create a handle behind the releases (on the H200 one cuMemCreate waited 1-40 ms behind 4096 releases).
+ * At the first release, an allocation is made from the releasing thread itself (no lock is held there). */
+struct release_probe {
+	struct cuvmm_pool *pool;
+	size_t bytes;
+	bool done;
+	uint64_t creates;
+	void *ptr;
+};
+
+static void alloc_at_release(void *arg)
+{
+	struct release_probe *rp = arg;
+	uint64_t c0;
+
+	if (rp->done)
+		return;
+	rp->done = true;
+	c0 = tc_pool_stats(rp->pool).create_calls;
+	ck_assert_int_eq(cuvmm_malloc(rp->pool, rp->bytes, &rp->ptr), CUVMM_OK);
+	rp->creates = tc_pool_stats(rp->pool).create_calls - c0;
+}
+
+START_TEST(test_trim_release_leaves_cache)
+{
+	struct cuvmm_ctx *ctx;
+	struct release_probe rp = {0};
+	size_t g;
+	void *a[200];
+
+	if (!tc_on_host())
+		return; /* needs the host backend's release hook */
+	ctx = new_ctx(-1, false, 0, 0);
+	rp.pool = new_pool(ctx, 0);
+	g = tc_granularity(ctx);
+	rp.bytes = g;
+	for (int i = 0; i < 200; i++)
+		ck_assert_int_eq(cuvmm_malloc(rp.pool, g, &a[i]), CUVMM_OK);
+	for (int i = 0; i < 200; i++)
+		ck_assert_int_eq(cuvmm_free(rp.pool, a[i]), CUVMM_OK);
+	cvm_host_call_hook(CUVMM_CALL_RELEASE, alloc_at_release, &rp);
+	trim_ok(rp.pool, 0);
+	cvm_host_call_hook(CUVMM_CALL_RELEASE, NULL, NULL);
+	printf("an allocation during a trim's releases: %llu handles created\n", U(rp.creates));
+	ck_assert(rp.done);
+	ck_assert_uint_eq(rp.creates, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, g); /* the rest went back */
+	ck_assert_int_eq(cuvmm_free(rp.pool, rp.ptr), CUVMM_OK);
+	close_empty(ctx, rp.pool);
 }
 END_TEST
 
@@ -2969,6 +3022,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_trim_unlocked);
 	tcase_add_test(tc, test_trim_under_frees);
 	tcase_add_test(tc, test_trim_lets_allocations_in);
+	tcase_add_test(tc, test_trim_release_leaves_cache);
 	tcase_add_test(tc, test_idle_bound);
 	tcase_add_test(tc, test_idle_bound_cut_extension);
 	tcase_add_test(tc, test_slack_bound);
