@@ -586,8 +586,9 @@ CUVMM_API int cuvmm_free_async(struct cuvmm_pool *pool, void *ptr, CUstream stre
  * stays mapped in the pool in whole runs up to @p keep_bytes, and the device's cached chunks are released
  * beyond what that leaves of @p keep_bytes. Synchronises the device first, and unmaps a few runs at a time,
  * without holding the pool's lock: other threads allocate and free meanwhile (an allocation that must map
- * waits for one batch of unmaps at most). A refused unmap is retried once before it returns, and then by
- * later passes. The pinned host copy kept for the pool's next sleep (cuvmm_pool_wake(), cuvmm_pool_sleep_prepare())
+ * waits for one batch of unmaps at most). What was free when the trim began goes back; memory freed by
+ * other threads meanwhile stays for the next trim or the release delay. A refused unmap is retried once
+ * before it returns, and then by later passes. The pinned host copy kept for the pool's next sleep (cuvmm_pool_wake(), cuvmm_pool_sleep_prepare())
  * is given back too.
  * @param[in] pool the pool
  * @param[in] keep_bytes free memory to keep mapped

@@ -42,6 +42,7 @@ struct cvm_run {
 	bool unsynced;               /* PACK: bytes on it were freed without a stream since it was last FREE */
 	size_t bytes;                /* USED: bytes handed out */
 	uint64_t freed_ns;           /* FREE: when it was last freed */
+	uint64_t first_freed_ns;     /* FREE: when its oldest part was freed (0: unknown, old) */
 	/* FREE: the fence of the free (fence.h): an event on the stream it was freed on until it has completed
 	 * and the run is settled (fence.ev NULL once settled), or the device epoch of a free without a stream. */
 	struct cvm_fence fence;

@@ -131,7 +131,7 @@ static void pack_give_back(struct cuvmm_pool *p, size_t g0, size_t n, bool settl
 	 * free may still use them, and the device epoch now covers it). */
 	cvm_fp_add(p, run->len, false);
 	run->kind = CVM_RUN_FREE;
-	run->freed_ns = freed_ns;
+	run->freed_ns = run->first_freed_ns = freed_ns;
 	cvm_fence_clear(&p->r.dev->fence, &run->fence);
 	if (unsynced)
 		cvm_fence_set_epoch(&p->r.dev->fence, &run->fence);

@@ -301,6 +301,11 @@ again:
 		if (force) {
 			if (p->free_bytes - cvm_gbytes(p, run->len) < keep)
 				break;
+			/* A trim gives back what was free when it began (`now`): chasing what another thread
+			 * frees meanwhile made it unmap and that thread remap the same granules over and over
+			 * (1153 unmaps instead of 128, 99 ms instead of 7, on the H200). */
+			if (run->first_freed_ns > now)
+				continue;
 		} else if (p->free_bytes <= cap && !due) {
 			deadline = cvm_policy_deadline(&ctx->policy, run->freed_ns, lead);
 			break;

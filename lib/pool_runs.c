@@ -122,6 +122,8 @@ struct cvm_run *cvm_coalesce(struct cuvmm_pool *p, struct cvm_run *run)
 			cvm_free_unlink(p, run);
 			if (o->freed_ns > run->freed_ns)
 				run->freed_ns = o->freed_ns;
+			if (o->first_freed_ns < run->first_freed_ns)
+				run->first_freed_ns = o->first_freed_ns;
 			/* The later epoch; or, pending on the same stream, `run` is the newest free, and its
 			 * event covers the neighbour's, which completes first on that stream. */
 			cvm_fence_merge(&p->r.dev->fence, &run->fence, &o->fence);
@@ -180,6 +182,7 @@ struct cvm_run *cvm_free_take_front(struct cuvmm_pool *p, struct cvm_run *run, s
 	if (!front)
 		return NULL;
 	front->freed_ns = run->freed_ns;
+	front->first_freed_ns = run->first_freed_ns;
 	front->fence = run->fence; /* settled: no event to share, at most an epoch already reached */
 	p->free_bytes -= cvm_gbytes(p, k);
 	return front;
@@ -222,7 +225,7 @@ void cvm_run_release(struct cuvmm_pool *p, struct cvm_run *run, const struct cvm
 	run->kind = CVM_RUN_FREE;
 	run->bytes = 0;
 	run->slab = NULL;
-	run->freed_ns = cvm_now_ns();
+	run->freed_ns = run->first_freed_ns = cvm_now_ns();
 	if (f)
 		run->fence = *f;
 	else
