@@ -1573,6 +1573,20 @@ START_TEST(test_trim_keep)
 }
 END_TEST
 
+/* n allocations of `bytes` each, one after the other (the trim tests' runs of one-granule chunks), and
+ * their frees. */
+static void malloc_n(struct cuvmm_pool *pool, size_t bytes, void **p, int n)
+{
+	for (int i = 0; i < n; i++)
+		ck_assert_int_eq(cuvmm_malloc(pool, bytes, &p[i]), CUVMM_OK);
+}
+
+static void free_n(struct cuvmm_pool *pool, void **p, int n)
+{
+	for (int i = 0; i < n; i++)
+		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
+}
+
 /* A trim unmaps without the pool's lock, a batch at a time: under it, the 100 ms that 8 GiB of 2 MiB chunks
  * take to unmap on the H200 stopped every allocation from the pool. Each host unmap checks the lock. */
 struct lock_probe {
@@ -1635,10 +1649,8 @@ START_TEST(test_trim_unlocked)
 
 	/* Now one free run of 40 granules of one chunk each: cut into batches of 16, 16 and 8. */
 	pr = (struct lock_probe){.pool = new_pool(ctx, 0)};
-	for (int i = 0; i < 40; i++)
-		ck_assert_int_eq(cuvmm_malloc(pr.pool, g, &p[i]), CUVMM_OK);
-	for (int i = 0; i < 40; i++)
-		ck_assert_int_eq(cuvmm_free(pr.pool, p[i]), CUVMM_OK);
+	malloc_n(pr.pool, g, p, 40);
+	free_n(pr.pool, p, 40);
 	cvm_host_call_hook(CUVMM_CALL_UNMAP, probe_lock, &pr);
 	trim_ok(pr.pool, 0);
 	cvm_host_call_hook(CUVMM_CALL_UNMAP, NULL, NULL);
@@ -1688,8 +1700,7 @@ START_TEST(test_trim_under_frees)
 	g = tc_granularity(ctx);
 	for (int i = 0; i < 2; i++)
 		ck_assert_int_eq(cuvmm_malloc(other, 4096, &w[i]), CUVMM_OK);
-	for (int i = 0; i < 40; i++)
-		ck_assert_int_eq(cuvmm_malloc(pool, g, &a[i]), CUVMM_OK);
+	malloc_n(pool, g, a, 40);
 	for (int i = 1; i < 40; i++)
 		ck_assert_int_eq(cuvmm_free(pool, a[i]), CUVMM_OK); /* one free run of 39 granules */
 	cvm_host_gate_close();
@@ -1781,11 +1792,9 @@ START_TEST(test_trim_lets_allocations_in)
 	ck_assert_int_eq(cuvmm_malloc(w.pool, 400 * g, &a[0]), CUVMM_OK);
 	ck_assert_int_eq(cuvmm_free(w.pool, a[0]), CUVMM_OK);
 	trim_ok(w.pool, 0);
-	for (int i = 0; i < 41; i++)
-		ck_assert_int_eq(cuvmm_malloc(w.pool, g, &a[i]), CUVMM_OK);
+	malloc_n(w.pool, g, a, 41);
 	ck_assert_uint_eq((uintptr_t)a[40] - (uintptr_t)a[0], 40 * g);
-	for (int i = 0; i < 40; i++)
-		ck_assert_int_eq(cuvmm_free(w.pool, a[i]), CUVMM_OK); /* one run of 40: batches of 16, 16, 8 */
+	free_n(w.pool, a, 40); /* one run of 40: batches of 16, 16, 8 */
 	/* a[40] stays: the allocation cannot take the rest of the run and extend it into address space */
 	w.trimmer = pthread_self();
 	cvm_host_call_hook(CUVMM_CALL_UNMAP, trim_waiter_hook, &w);
@@ -1841,10 +1850,8 @@ START_TEST(test_trim_release_leaves_cache)
 	rp.pool = new_pool(ctx, 0);
 	g = tc_granularity(ctx);
 	rp.bytes = g;
-	for (int i = 0; i < 200; i++)
-		ck_assert_int_eq(cuvmm_malloc(rp.pool, g, &a[i]), CUVMM_OK);
-	for (int i = 0; i < 200; i++)
-		ck_assert_int_eq(cuvmm_free(rp.pool, a[i]), CUVMM_OK);
+	malloc_n(rp.pool, g, a, 200);
+	free_n(rp.pool, a, 200);
 	cvm_host_call_hook(CUVMM_CALL_RELEASE, alloc_at_release, &rp);
 	trim_ok(rp.pool, 0);
 	cvm_host_call_hook(CUVMM_CALL_RELEASE, NULL, NULL);
@@ -1889,15 +1896,13 @@ START_TEST(test_trim_does_not_chase)
 	fd.b = b;
 	fd.n = 100;
 	g = tc_granularity(ctx);
-	for (int i = 0; i < 40; i++)
-		ck_assert_int_eq(cuvmm_malloc(fd.pool, g, &a[i]), CUVMM_OK);
+	malloc_n(fd.pool, g, a, 40);
 	for (int i = 0; i < 100; i++) { /* each b between two live guards: freed, a run of its own */
 		ck_assert_int_eq(cuvmm_malloc(fd.pool, g, &guard[i]), CUVMM_OK);
 		ck_assert_int_eq(cuvmm_malloc(fd.pool, g, &b[i]), CUVMM_OK);
 	}
 	ck_assert_int_eq(cuvmm_malloc(fd.pool, g, &guard[100]), CUVMM_OK);
-	for (int i = 0; i < 40; i++)
-		ck_assert_int_eq(cuvmm_free(fd.pool, a[i]), CUVMM_OK);
+	free_n(fd.pool, a, 40);
 	cvm_host_call_hook(CUVMM_CALL_UNMAP, free_at_unmap, &fd);
 	trim_ok(fd.pool, 0);
 	cvm_host_call_hook(CUVMM_CALL_UNMAP, NULL, NULL);
@@ -1910,8 +1915,7 @@ START_TEST(test_trim_does_not_chase)
 	ck_assert_uint_eq(tc_pool_stats(fd.pool).mapped_bytes, (101 + 60) * g);
 	for (int i = 40; i < 100; i++)
 		ck_assert_int_eq(cuvmm_free(fd.pool, b[i]), CUVMM_OK);
-	for (int i = 0; i < 101; i++)
-		ck_assert_int_eq(cuvmm_free(fd.pool, guard[i]), CUVMM_OK);
+	free_n(fd.pool, guard, 101);
 	close_empty(ctx, fd.pool);
 }
 END_TEST
