@@ -301,9 +301,9 @@ again:
 		if (force) {
 			if (p->free_bytes - cvm_gbytes(p, run->len) < keep)
 				break;
-			/* A trim gives back what was free when it began (`now`): chasing what another thread
-			 * frees meanwhile made it unmap and that thread remap the same granules over and over
-			 * (1153 unmaps instead of 128, 99 ms instead of 7, on the H200). */
+			/* A trim gives back what was free when it began (`now`): what another thread frees
+			 * meanwhile is for the next pass, or the trim could chase that thread's frees for as long
+			 * as it keeps freeing (test_trim_does_not_chase). */
 			if (run->first_freed_ns > now)
 				continue;
 		} else if (p->free_bytes <= cap && !due) {
@@ -340,8 +340,8 @@ again:
 				young = false;
 				if (err)
 					break;
-				/* Allocations that waited for this batch go before the next one, or they would wait
-				 * for the whole trim (24-56 ms on the H200, bench/trace's return test). */
+				/* Allocations that waited for this batch go before the next one, or they could wait
+				 * for the whole trim (test_trim_lets_allocations_in). */
 				while (p->going_waiters) {
 					pthread_mutex_unlock(&p->r.lock);
 					sched_yield();
