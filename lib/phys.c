@@ -363,6 +363,7 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 	 * handle behind the releases (1-40 ms for one cuMemCreate, bench/trace's return test). */
 	lead = force ? 0 : cvm_policy_lead(pol, &p->dd->cnt, p->ncached);
 	for (bool more = true; more;) {
+		size_t taken = 0, freed;
 		unsigned batch = 0;
 
 		chain = NULL;
@@ -377,14 +378,17 @@ uint64_t cvm_phys_reclaim(struct cvm_phys *p, uint64_t now, bool force, size_t k
 			p->releasing++;
 			c->anext = chain;
 			chain = c;
-			gone += c->size;
+			taken += c->size;
 			n++;
 			batch++;
 		}
-		more = batch == CVM_RELEASE_BATCH;
 		left = p->cached;
 		pthread_mutex_unlock(&p->lock);
-		release_chain(p, chain);
+		freed = release_chain(p, chain);
+		gone += freed;
+		/* A refused release went back to the cache, oldest first: another round would take it again
+		 * (and again, while the driver refuses); a later pass retries it. */
+		more = batch == CVM_RELEASE_BATCH && freed == taken;
 		if (more)
 			pthread_mutex_lock(&p->lock);
 	}

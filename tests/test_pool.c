@@ -108,6 +108,20 @@ static void trim_ok(struct cuvmm_pool *pool, size_t keep)
 	ck_assert_msg(err == CUVMM_OK, "cuvmm_pool_trim: %s", cuvmm_err_name(err));
 }
 
+/* n allocations of `bytes` each, one after the other (the trim tests' runs of one-granule chunks), and
+ * their frees. */
+static void malloc_n(struct cuvmm_pool *pool, size_t bytes, void **p, int n)
+{
+	for (int i = 0; i < n; i++)
+		ck_assert_int_eq(cuvmm_malloc(pool, bytes, &p[i]), CUVMM_OK);
+}
+
+static void free_n(struct cuvmm_pool *pool, void **p, int n)
+{
+	for (int i = 0; i < n; i++)
+		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
+}
+
 /* A test's end with everything freed: nothing live, and a trim gives all of it back to the driver. */
 static void close_empty(struct cuvmm_ctx *ctx, struct cuvmm_pool *pool)
 {
@@ -1181,6 +1195,28 @@ START_TEST(test_fault_unmap)
 }
 END_TEST
 
+/* Every release refused, with more chunks cached than one round of releases takes (64): a round put them
+ * back in the cache and the next took them again, for ever (found by the fuzzer). The trim returns, the
+ * chunks stay held, and once the driver accepts a later trim gives them back. */
+START_TEST(test_fault_release_forever)
+{
+	struct cuvmm_ctx *ctx = new_ctx(-1, false, 0, 0);
+	struct cuvmm_pool *pool = new_pool(ctx, 0);
+	size_t g = tc_granularity(ctx);
+	void *a[100];
+
+	malloc_n(pool, g, a, 100);
+	free_n(pool, a, 100);
+	inject(ctx, CUVMM_CALL_RELEASE, 0, UINT32_MAX, CUVMM_EDRIVER);
+	trim_ok(pool, 0);
+	ck_assert_uint_eq(tc_pool_stats(pool).mapped_bytes, 0);
+	ck_assert_uint_eq(tc_ctx_stats(ctx).held_bytes, 100 * g); /* refused: still held, in the cache */
+	tc_assert_os_matches(ctx);
+	inject(ctx, CUVMM_CALL_RELEASE, 0, 0, CUVMM_EDRIVER);
+	close_empty(ctx, pool);
+}
+END_TEST
+
 /* A release fails: the chunk must not be lost (held and the OS keep agreeing, a later trim gives it back). */
 START_TEST(test_fault_release)
 {
@@ -1572,20 +1608,6 @@ START_TEST(test_trim_keep)
 	cuvmm_ctx_destroy(ctx);
 }
 END_TEST
-
-/* n allocations of `bytes` each, one after the other (the trim tests' runs of one-granule chunks), and
- * their frees. */
-static void malloc_n(struct cuvmm_pool *pool, size_t bytes, void **p, int n)
-{
-	for (int i = 0; i < n; i++)
-		ck_assert_int_eq(cuvmm_malloc(pool, bytes, &p[i]), CUVMM_OK);
-}
-
-static void free_n(struct cuvmm_pool *pool, void **p, int n)
-{
-	for (int i = 0; i < n; i++)
-		ck_assert_int_eq(cuvmm_free(pool, p[i]), CUVMM_OK);
-}
 
 /* A trim unmaps without the pool's lock, a batch at a time: under it, the 100 ms that 8 GiB of 2 MiB chunks
  * take to unmap on the H200 stopped every allocation from the pool. Each host unmap checks the lock. */
@@ -3064,6 +3086,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_fault_device_sync);
 	tcase_add_test(tc, test_fault_unmap);
 	tcase_add_test(tc, test_fault_release);
+	tcase_add_test(tc, test_fault_release_forever);
 	tcase_add_test(tc, test_fault_compose);
 	tcase_add_test(tc, test_fault_pack_bump);
 
